@@ -1,0 +1,29 @@
+# syntax=docker/dockerfile:1
+# Two images from one file:
+#   operator - the operator (slim, non-root, `phalanx run` as entrypoint)
+#   trainer  - a CPU training image with torch and phalanx.worker (what the local cluster runs)
+# BASE_IMAGE defaults to the usual public Python image; the local test cluster builds from a
+# Debian base made on the machine, since no registry is reachable there.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator ./operator
+RUN python3 -m pip wheel --no-deps --wheel-dir /wheels .
+
+FROM ${BASE_IMAGE} AS operator
+COPY --from=wheel /wheels /wheels
+RUN python3 -m pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
+    && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin phalanx
+USER 10001
+EXPOSE 8000 8080
+ENTRYPOINT ["phalanx", "run"]
+CMD ["--all-namespaces", "--standalone", "--liveness=http://0.0.0.0:8080/healthz"]
+
+FROM ${BASE_IMAGE} AS trainer
+ARG TORCH_VERSION=2.13.0
+RUN python3 -m pip install --no-cache-dir "torch==${TORCH_VERSION}"
+COPY --from=wheel /wheels /wheels
+RUN python3 -m pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels
+WORKDIR /workspace

@@ -1,0 +1,614 @@
+"""TrainingJob ``phalanx.dev/v1alpha1``: the contract between users and the operator.
+
+These models are the single source of the CustomResourceDefinition (``phalanx crd``):
+field docstrings become the schema's descriptions (``kubectl explain``), ``Field``
+bounds become schema bounds, and the ``x-kubernetes-validations`` attached here are
+the CEL rules the API server enforces. Defaults live in the schema, so the operator
+never writes ``spec``. Where a default depends on another field (processes per worker),
+the docstring says how the operator derives it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "phalanx.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+SINGULAR = "trainingjob"
+SHORT_NAMES = ("tj",)
+CATEGORIES = ("phalanx",)
+
+MAX_JOB_NAME_LENGTH = 50
+"""Leaves room for the ``-rdzv`` and ``-worker-NNNN`` suffixes within a 63-character DNS label."""
+
+MAX_WORKERS = 4096
+
+Backend = Literal["auto", "nccl", "gloo"]
+NetworkProfile = Literal["auto", "tcp", "infiniband", "efa"]
+GangScheduler = Literal["none", "scheduler-plugins", "volcano", "kueue"]
+Phase = Literal["Pending", "Starting", "Running", "Rescaling", "Restarting", "Succeeded", "Failed", "Suspended"]
+
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-a-zA-Z0-9_.]+$"
+ENV_NAME_RULE = "self.all(k, k.matches('^[A-Za-z_][A-Za-z0-9_]*$'))"
+
+
+def cel(
+    rule: str,
+    message: str | None = None,
+    *,
+    field_path: str | None = None,
+    message_expression: str | None = None,
+    reason: str | None = None,
+) -> dict[str, Any]:
+    """One ``x-kubernetes-validations`` entry."""
+    entry: dict[str, Any] = {"rule": rule}
+    if message is not None:
+        entry["message"] = message
+    if message_expression is not None:
+        entry["messageExpression"] = message_expression
+    if field_path is not None:
+        entry["fieldPath"] = field_path
+    if reason is not None:
+        entry["reason"] = reason
+    return entry
+
+
+def immutable(what: str) -> dict[str, Any]:
+    """A transition rule that refuses any change once the object exists."""
+    return cel(
+        "self == oldSelf",
+        f"is immutable: changing {what} mid-run would split the gang; delete and recreate the TrainingJob instead",
+    )
+
+
+class ApiModel(BaseModel):
+    """Base for every API object: camelCase on the wire, docstrings as descriptions."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class Workers(ApiModel):
+    """How many workers the job runs. One worker is one pod is one torchrun agent."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.min <= self.max",
+                    field_path=".min",
+                    message_expression="'min (' + string(self.min) + ') must not exceed max ('"
+                    " + string(self.max) + ')'",
+                ),
+                cel(
+                    "self.desired >= self.min && self.desired <= self.max",
+                    field_path=".desired",
+                    message_expression="'desired (' + string(self.desired) + ') must lie within [min, max] = ['"
+                    " + string(self.min) + ', ' + string(self.max) + ']'",
+                ),
+            ]
+        }
+    )
+
+    min: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_WORKERS,
+        json_schema_extra={"x-kubernetes-validations": [immutable("workers.min (torchrun --nnodes)")]},
+    )
+    """Fewest workers the job trains with. Below this the gang restarts from the latest checkpoint.
+    This is also the gang scheduler's minMember."""
+
+    max: int = Field(
+        ge=1,
+        le=MAX_WORKERS,
+        json_schema_extra={"x-kubernetes-validations": [immutable("workers.max (torchrun --nnodes)")]},
+    )
+    """Most workers the job trains with (torchrun --nnodes=min:max)."""
+
+    desired: int = Field(ge=1, le=MAX_WORKERS)
+    """Workers the operator tries to run, within [min, max]. This is the scale subresource:
+    `kubectl scale tj/NAME --replicas=N` and a HorizontalPodAutoscaler change it."""
+
+
+class Gpus(ApiModel):
+    """Accelerators requested by each worker."""
+
+    count: int = Field(default=0, ge=0, le=64)
+    """GPUs per worker; 0 means a CPU job."""
+
+    resource: str = Field(default="nvidia.com/gpu", max_length=253, pattern=EXTENDED_RESOURCE_PATTERN)
+    """Extended resource name, for example nvidia.com/gpu, amd.com/gpu or a MIG name
+    such as nvidia.com/mig-1g.10gb."""
+
+
+class RdmaDevices(ApiModel):
+    """The RDMA device resource a worker needs for InfiniBand, RoCE or EFA."""
+
+    resource: str = Field(max_length=253, pattern=EXTENDED_RESOURCE_PATTERN)
+    """Extended resource published by the cluster's RDMA device plugin, for example
+    rdma/rdma_shared_device_a, nvidia.com/mlnxnics or vpc.amazonaws.com/efa."""
+
+    count: int = Field(default=1, ge=1, le=64)
+    """Devices per worker."""
+
+
+class Network(ApiModel):
+    """The communication profile: which transport NCCL must use and what the pod needs for it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.profile != 'infiniband' || has(self.rdma)",
+                    field_path=".rdma",
+                    message="profile infiniband needs rdma (the RDMA device resource): without it the pod "
+                    "has no /dev/infiniband and NCCL_NET=IB fails at start-up",
+                ),
+                cel(
+                    "self.profile != 'efa' || has(self.rdma)",
+                    field_path=".rdma",
+                    message="profile efa needs rdma (the EFA device resource, usually vpc.amazonaws.com/efa)",
+                ),
+                cel(
+                    "!has(self.hcas) || has(self.rdma)",
+                    field_path=".hcas",
+                    message="hcas only apply with an RDMA device resource (set rdma)",
+                ),
+            ]
+        }
+    )
+
+    profile: NetworkProfile = "auto"
+    """auto: InfiniBand/RoCE when rdma is set and GPUs are requested, TCP sockets for other GPU jobs,
+    and no NCCL at all on CPU. tcp forces NCCL over sockets. infiniband forces NCCL over IB verbs and
+    fails loudly instead of falling back to TCP. efa uses AWS EFA through libfabric."""
+
+    socket_interface: str = Field(default="eth0", min_length=1, max_length=15, pattern=r"^[a-zA-Z0-9_.:-]+$")
+    """Interface for bootstrap and socket traffic (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME), matched
+    exactly, never as a prefix."""
+
+    hcas: list[str] | None = Field(default=None, max_length=32)
+    """RDMA adapters NCCL may use (NCCL_IB_HCA), written as exact names such as mlx5_0;
+    the operator adds the '=' prefix so mlx5_1 never also matches mlx5_10."""
+
+    rdma: RdmaDevices | None = None
+    """The RDMA device resource each worker requests."""
+
+    multus_networks: list[str] | None = Field(default=None, max_length=16)
+    """Multus NetworkAttachmentDefinitions (namespace/name) attached to each worker as secondary networks."""
+
+    shm_size: str | None = Field(default=None, pattern=QUANTITY_PATTERN)
+    """Size of the memory-backed /dev/shm. GPU jobs always get a memory-backed /dev/shm (the
+    container default of 64Mi breaks NCCL); this caps it."""
+
+    env: dict[str, str] | None = Field(
+        default=None,
+        json_schema_extra={"x-kubernetes-validations": [cel(ENV_NAME_RULE, "keys must be environment variable names")]},
+    )
+    """Extra variables for the communication stack (NCCL_DEBUG=INFO, NCCL_IB_TC, ...). They are
+    added last: the user always wins over the profile."""
+
+
+class Rendezvous(ApiModel):
+    """torchrun's c10d rendezvous. The store is hosted by a small dedicated pod, so losing any worker
+    never loses the rendezvous."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.lastCallTimeoutSeconds <= self.joinTimeoutSeconds",
+                    field_path=".lastCallTimeoutSeconds",
+                    message="lastCallTimeoutSeconds must not exceed joinTimeoutSeconds",
+                ),
+            ]
+        }
+    )
+
+    port: int = Field(default=29400, ge=1024, le=65535)
+    """TCP port of the rendezvous store."""
+
+    join_timeout_seconds: int = Field(default=1800, ge=10, le=86400)
+    """How long agents wait for min workers to join (torchrun's default of 600 s is too short for
+    autoscaled GPU nodes and large images)."""
+
+    last_call_timeout_seconds: int = Field(default=30, ge=0, le=3600)
+    """After min workers joined, how long the round waits for more before it starts."""
+
+
+class Checkpoint(ApiModel):
+    """Where workers save and resume checkpoints. The volume is mounted at the same path in every worker."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.claimName) != has(self.volumeName)", message="set exactly one of claimName and volumeName"
+                ),
+            ]
+        }
+    )
+
+    claim_name: str | None = Field(default=None, max_length=253)
+    """A PersistentVolumeClaim (ReadWriteMany for multi-node jobs) to mount."""
+
+    volume_name: str | None = Field(default=None, max_length=63)
+    """The name of a volume of template.spec.volumes to mount instead of a claim."""
+
+    mount_path: str = Field(default="/checkpoints", pattern=r"^/.*")
+    """Where the checkpoint volume is mounted; workers get it as PHALANX_CHECKPOINT_DIR."""
+
+    keep: int = Field(default=3, ge=1, le=1000)
+    """How many complete checkpoints workers keep (PHALANX_CHECKPOINT_KEEP)."""
+
+
+class FailurePolicy(ApiModel):
+    """How failures are retried. The restart count lives in status, so it survives operator restarts
+    and the deletion of pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.backoffSeconds <= self.maxBackoffSeconds",
+                    field_path=".backoffSeconds",
+                    message="backoffSeconds must not exceed maxBackoffSeconds",
+                ),
+            ]
+        }
+    )
+
+    max_restarts: int = Field(default=3, ge=0, le=1000)
+    """Gang restarts allowed for failures that count (application errors, OOM) before the job fails.
+    Evictions, preemptions and lost nodes do not count."""
+
+    backoff_seconds: int = Field(default=10, ge=0, le=3600)
+    """Wait before the first gang restart; it doubles with every counted restart."""
+
+    max_backoff_seconds: int = Field(default=600, ge=0, le=86400)
+    """Upper bound of the growing backoff."""
+
+    worker_restarts: int = Field(default=3, ge=0, le=100)
+    """torchrun's own in-place budget (--max-restarts): how often an agent restarts its local
+    processes, for example when the world re-forms after a peer was lost."""
+
+
+class Gang(ApiModel):
+    """Gang scheduling: all min workers are placed together or not at all."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.queue) || self.scheduler in ['volcano', 'kueue']",
+                    field_path=".queue",
+                    message="queue needs scheduler volcano or kueue",
+                ),
+                cel(
+                    "self.scheduler != 'kueue' || has(self.queue)",
+                    field_path=".queue",
+                    message="scheduler kueue needs queue (the LocalQueue name)",
+                ),
+                cel(
+                    "!has(self.schedulerName) || self.scheduler in ['scheduler-plugins', 'volcano']",
+                    field_path=".schedulerName",
+                    message="schedulerName applies to scheduler-plugins and volcano only",
+                ),
+                cel(
+                    "!has(self.scheduleTimeoutSeconds) || self.scheduler == 'scheduler-plugins'",
+                    field_path=".scheduleTimeoutSeconds",
+                    message="scheduleTimeoutSeconds applies to scheduler-plugins only",
+                ),
+            ]
+        }
+    )
+
+    scheduler: GangScheduler = Field(
+        default="none", json_schema_extra={"x-kubernetes-validations": [immutable("gang.scheduler")]}
+    )
+    """none, scheduler-plugins (coscheduling PodGroup), volcano (Volcano PodGroup) or kueue (plain pod group)."""
+
+    scheduler_name: str | None = Field(default=None, max_length=253)
+    """The pods' schedulerName; defaults to scheduler-plugins-scheduler or volcano."""
+
+    queue: str | None = Field(
+        default=None, max_length=253, json_schema_extra={"x-kubernetes-validations": [immutable("gang.queue")]}
+    )
+    """Volcano queue or Kueue LocalQueue."""
+
+    schedule_timeout_seconds: int | None = Field(default=None, ge=1, le=86400)
+    """How long scheduler-plugins holds a partially placed gang before releasing it."""
+
+
+class TemplateMetadata(BaseModel):
+    """Labels and annotations copied onto every worker pod (never the TrainingJob's own labels)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+
+    labels: dict[str, str] | None = None
+    """Labels for the worker pods."""
+
+    annotations: dict[str, str] | None = None
+    """Annotations for the worker pods."""
+
+
+class Container(BaseModel):
+    """A container of the worker pod; fields not listed are passed through to the pod unchanged."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+
+    name: str = Field(min_length=1, max_length=63)
+    """Container name; the one named trainer (else the first) runs torchrun."""
+
+    image: str = Field(min_length=1)
+    """Container image."""
+
+
+class PodSpecTemplate(BaseModel):
+    """An ordinary pod spec. The operator adds what distributed training needs and keeps the rest."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+
+    containers: list[Container] = Field(min_length=1, max_length=32)
+    """Containers of each worker pod."""
+
+
+class PodTemplate(BaseModel):
+    """The worker pod template: an ordinary PodTemplateSpec."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    metadata: TemplateMetadata | None = None
+    """Labels and annotations for the worker pods."""
+
+    spec: PodSpecTemplate
+    """The worker pod spec (image, command, args, env, resources, volumes, nodeSelector, tolerations,
+    affinity, serviceAccountName, priorityClassName, ...)."""
+
+
+class TrainingJobSpec(ApiModel):
+    """The desired state of a distributed training job."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(self.backend == 'gloo' && self.gpus.count > 0)",
+                    field_path=".backend",
+                    message="backend gloo cannot be used with GPUs (gpus.count > 0): use nccl or auto",
+                ),
+                cel(
+                    "!(self.backend == 'nccl' && self.gpus.count == 0)",
+                    field_path=".backend",
+                    message="backend nccl needs GPUs: set gpus.count > 0, or use gloo or auto",
+                ),
+                cel(
+                    "!(self.network.profile in ['tcp', 'infiniband', 'efa'] && self.gpus.count == 0)",
+                    field_path=".network.profile",
+                    message="network profiles tcp, infiniband and efa configure NCCL, which needs GPUs: "
+                    "use auto for CPU jobs",
+                ),
+                cel(
+                    "!has(self.network.rdma) || self.gpus.count > 0",
+                    field_path=".network.rdma",
+                    message="network.rdma needs GPUs (gpus.count > 0)",
+                ),
+                cel(
+                    "!has(self.procsPerWorker) || self.gpus.count == 0 || self.procsPerWorker <= self.gpus.count",
+                    field_path=".procsPerWorker",
+                    message="procsPerWorker must not exceed gpus.count: NCCL needs one GPU per process",
+                ),
+                cel(
+                    "has(self.procsPerWorker) == has(oldSelf.procsPerWorker) && "
+                    "(!has(self.procsPerWorker) || self.procsPerWorker == oldSelf.procsPerWorker)",
+                    field_path=".procsPerWorker",
+                    message="is immutable: changing procsPerWorker mid-run would split the gang",
+                ),
+                cel(
+                    "has(self.checkpoint) == has(oldSelf.checkpoint) && "
+                    "(!has(self.checkpoint) || self.checkpoint == oldSelf.checkpoint)",
+                    field_path=".checkpoint",
+                    message="is immutable: workers resume from this location",
+                ),
+            ]
+        }
+    )
+
+    workers: Workers
+    """Worker counts: min, max and desired."""
+
+    procs_per_worker: int | None = Field(default=None, ge=1, le=256)
+    """Processes per worker (torchrun --nproc-per-node). When absent: the GPUs per worker, or 1 on CPU."""
+
+    gpus: Gpus = Field(default_factory=Gpus, json_schema_extra={"x-kubernetes-validations": [immutable("gpus")]})
+    """GPUs per worker and their resource name."""
+
+    backend: Backend = Field(default="auto", json_schema_extra={"x-kubernetes-validations": [immutable("backend")]})
+    """Collective backend: auto chooses nccl when GPUs are requested and gloo otherwise."""
+
+    network: Network = Field(
+        default_factory=Network, json_schema_extra={"x-kubernetes-validations": [immutable("network")]}
+    )
+    """Communication profile and overrides."""
+
+    rendezvous: Rendezvous = Field(
+        default_factory=Rendezvous, json_schema_extra={"x-kubernetes-validations": [immutable("rendezvous")]}
+    )
+    """torchrun c10d rendezvous settings."""
+
+    checkpoint: Checkpoint | None = None
+    """Checkpoint storage shared by all workers."""
+
+    failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
+    """Restart budget and backoff."""
+
+    gang: Gang = Field(default_factory=Gang)
+    """Gang scheduling."""
+
+    suspend: bool = False
+    """Suspended jobs keep their status and restart budget but run no pods."""
+
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    """Delete the finished job (and its pods) this long after it succeeded or failed."""
+
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    """Fail the job when it has been running longer than this, counted from its first start."""
+
+    template: PodTemplate = Field(json_schema_extra={"x-kubernetes-validations": [immutable("the pod template")]})
+    """The worker pod template."""
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(ApiModel):
+    """A metav1.Condition."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str = Field(max_length=316)
+    """Condition type: Ready, Reconciling, Stalled, Running, Succeeded, Failed or Suspended."""
+
+    status: ConditionStatus
+    """True, False or Unknown."""
+
+    reason: str = Field(max_length=1024)
+    """CamelCase reason for the last transition."""
+
+    message: str = Field(default="", max_length=32768)
+    """Human-readable details."""
+
+    observed_generation: int | None = None
+    """The metadata.generation this condition was computed from."""
+
+    last_transition_time: str
+    """When status last changed."""
+
+
+class WorkerCounts(ApiModel):
+    """Worker counts as observed."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    desired: int = 0
+    """Workers the operator aims for (spec.workers.desired)."""
+
+    active: int = 0
+    """Worker pods of the current attempt that exist and have not finished."""
+
+    ready: int = 0
+    """Active worker pods that are ready."""
+
+    world_size: int | None = None
+    """Workers in the current torchrun world, as last reported by the workers."""
+
+
+class CheckpointInfo(ApiModel):
+    """The latest complete checkpoint the workers reported."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: int
+    """Training step of the checkpoint."""
+
+    time: str | None = None
+    """When it was committed."""
+
+
+class TrainingJobStatus(ApiModel):
+    """The observed state of a TrainingJob, written only by the operator."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    observed_generation: int | None = None
+    """The metadata.generation the operator last acted on."""
+
+    phase: Phase | None = None
+    """Pending, Starting, Running, Rescaling, Restarting, Succeeded, Failed or Suspended (a summary of conditions)."""
+
+    reason: str | None = None
+    """CamelCase reason for the current phase."""
+
+    message: str | None = None
+    """Human-readable detail for the current phase."""
+
+    attempt: int = 0
+    """Gang attempts so far; part of the rendezvous id, so a new attempt never joins an old rendezvous."""
+
+    restarts: int = 0
+    """Counted gang restarts, compared with failurePolicy.maxRestarts."""
+
+    restarts_by_reason: dict[str, int] | None = None
+    """All gang restarts (counted or not) by reason."""
+
+    workers: WorkerCounts | None = None
+    """Worker counts."""
+
+    replicas: int = 0
+    """Active workers, for the scale subresource."""
+
+    selector: str | None = None
+    """Label selector of the worker pods, for the scale subresource and autoscalers."""
+
+    worker_summary: str | None = None
+    """ready/desired, for kubectl get."""
+
+    start_time: str | None = None
+    """When the first worker of the job started."""
+
+    completion_time: str | None = None
+    """When the job succeeded or failed."""
+
+    restart_not_before: str | None = None
+    """The next gang attempt is not started before this time (backoff)."""
+
+    last_checkpoint: CheckpointInfo | None = None
+    """Latest complete checkpoint reported by the workers."""
+
+    conditions: list[Condition] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+    )
+    """Ready, Reconciling and Stalled (kstatus), plus Running, Succeeded, Failed and Suspended."""
+
+
+class ObjectMeta(BaseModel):
+    """The part of metadata the operator reads."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, alias_generator=to_camel)
+
+    name: str
+    namespace: str = "default"
+    uid: str = ""
+    generation: int = 0
+    creation_timestamp: str | None = None
+    deletion_timestamp: str | None = None
+
+
+class TrainingJob(BaseModel):
+    """A TrainingJob as read from the API server (defaults already applied by the schema)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True, alias_generator=to_camel)
+
+    api_version: str = API_VERSION
+    kind: str = KIND
+    metadata: ObjectMeta
+    spec: TrainingJobSpec
+    status: TrainingJobStatus = Field(default_factory=TrainingJobStatus)
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> TrainingJob:
+        """Parse a TrainingJob as the API server returns it."""
+        return cls.model_validate(body)

@@ -1,0 +1,81 @@
+"""Operator start-up and shut-down: kopf settings, the API client, caches, the work queue."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from phalanx.cluster.client import ApiClient
+from phalanx.cluster.workqueue import WorkQueue
+from phalanx.handlers import trainingjob
+from phalanx.handlers.runtime import Runtime, credentials_from
+from phalanx.reconcile import naming
+
+logger = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = int(os.environ.get("PHALANX_MAX_IN_FLIGHT", "16"))
+WORKERS = int(os.environ.get("PHALANX_RECONCILE_WORKERS", "8"))
+METRICS_PORT = int(os.environ.get("PHALANX_METRICS_PORT", "8000"))
+
+
+def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
+    return info
+
+
+@kopf.on.startup(id="phalanx-startup")
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Configure kopf, then start the client and the reconcile workers."""
+    settings.persistence.finalizer = naming.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=naming.PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.reporting_component = "phalanx"
+    settings.posting.enabled = False  # we post our own events, with our own reasons
+    # Only our children cross the wire: filter pods and services on the server.
+    for resource in (
+        ("", "v1", "pods"),
+        ("", "v1", "services"),
+        ("scheduling.x-k8s.io", "v1alpha1", "podgroups"),
+        ("scheduling.volcano.sh", "v1beta1", "podgroups"),
+    ):
+        settings.watching.label_selectors[resource] = naming.JOB_NAME_LABEL
+
+    client = ApiClient(credentials_from(_login(settings)), max_in_flight=MAX_IN_FLIGHT)
+    runtime: Runtime | None = None
+
+    async def handle(key: tuple[str, str]) -> float | None:
+        assert runtime is not None
+        return await trainingjob.reconcile(runtime, key)
+
+    runtime = Runtime(client=client, queue=WorkQueue(handle, workers=WORKERS))
+    runtime.queue.start()
+    memo.runtime = runtime
+    if METRICS_PORT:
+        start_http_server(METRICS_PORT)
+        logger.info("metrics on :%d/metrics", METRICS_PORT)
+
+
+@kopf.on.cleanup(id="phalanx-cleanup")
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the workers and close connections."""
+    runtime: Runtime | None = getattr(memo, "runtime", None)
+    if runtime is not None:
+        await runtime.queue.stop()
+        await runtime.client.close()
+
+
+@kopf.on.probe(id="reconcile-queue")
+def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+    """Liveness detail: requests sent and pods tracked."""
+    runtime: Runtime | None = getattr(memo, "runtime", None)
+    if runtime is None:
+        return {"ready": False}
+    return {"requests": runtime.client.requests, "pods": runtime.children.pod_count()}

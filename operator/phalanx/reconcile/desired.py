@@ -1,0 +1,309 @@
+"""The objects a TrainingJob should have: worker pods, the rendezvous store and Service, a PodGroup.
+
+Every builder is a pure function of the job and returns a dict ready for server-side
+apply. Each object carries a hash of its own content in ``phalanx.dev/spec-hash``, so the
+planner can tell "already as desired" from "needs applying" without comparing whole
+objects, and re-planning against its own result yields no change.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from decimal import Decimal
+from typing import Any
+
+from phalanx.api import v1alpha1 as api
+from phalanx.reconcile import naming
+from phalanx.reconcile.environment import (
+    CHECKPOINT_VOLUME,
+    SHM_VOLUME,
+    Launch,
+    merge_env,
+    transport_profile,
+    worker_environment,
+)
+from phalanx.reconcile.errors import PlanningError
+from phalanx.reconcile.quantity import QuantityError, format_quantity, parse_quantity
+
+Object = dict[str, Any]
+
+COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
+VOLCANO_API = "scheduling.volcano.sh/v1beta1"
+STORE_CONTAINER = "store"
+
+# The store is torch's own TCPStore in a process of its own: every worker dials it with
+# is_host=false, so no worker is special and losing any of them never loses the rendezvous.
+STORE_SCRIPT = """\
+import os, signal, sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+port = int(os.environ["PHALANX_RENDEZVOUS_PORT"])
+store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
+                 multi_tenant=True, timeout=timedelta(hours=1))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print(f"phalanx rendezvous store listening on port {port}", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+def spec_hash(obj: Object) -> str:
+    """A short digest of an object's content, stable across runs."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _finish(obj: Object) -> Object:
+    obj["metadata"].setdefault("annotations", {})[naming.SPEC_HASH_ANNOTATION] = spec_hash(obj)
+    return obj
+
+
+def owner_reference(job: api.TrainingJob) -> dict[str, Any]:
+    """The controller reference that lets the garbage collector delete children with the job."""
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": job.metadata.name,
+        "uid": job.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(
+    job: api.TrainingJob, name: str, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": job.metadata.namespace,
+        "labels": {**(labels or {}), **naming.job_labels(job.metadata.name)},
+        "ownerReferences": [owner_reference(job)],
+    }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return metadata
+
+
+def rendezvous_service(job: api.TrainingJob) -> Object:
+    """A headless Service in front of the store pod; it publishes not-ready addresses so workers
+    can dial the store before readiness propagates."""
+    name = naming.rendezvous_name(job.metadata.name)
+    port = job.spec.rendezvous.port
+    return _finish(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(job, name, {naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS}),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,
+                "selector": {naming.JOB_NAME_LABEL: job.metadata.name, naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS},
+                "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
+            },
+        }
+    )
+
+
+def _template_spec(job: api.TrainingJob) -> dict[str, Any]:
+    return job.spec.template.spec.model_dump(by_alias=True, exclude_none=True)
+
+
+def rendezvous_store_pod(job: api.TrainingJob, launch: Launch) -> Object:
+    """The small pod that hosts the c10d store, built from the trainer's image (it has torch)."""
+    template = _template_spec(job)
+    trainer = template["containers"][launch.trainer_index]
+    port = job.spec.rendezvous.port
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 5,
+        "containers": [
+            {
+                "name": STORE_CONTAINER,
+                "image": trainer["image"],
+                "command": ["python3", "-c", STORE_SCRIPT],
+                "env": [{"name": "PHALANX_RENDEZVOUS_PORT", "value": str(port)}],
+                "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}],
+                "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
+                "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+            }
+        ],
+    }
+    # Placement and pull settings follow the workers' so the store runs wherever their image does.
+    for key in ("imagePullSecrets", "nodeSelector", "tolerations", "priorityClassName", "securityContext"):
+        if key in template:
+            spec[key] = copy.deepcopy(template[key])
+    if "imagePullPolicy" in trainer:
+        spec["containers"][0]["imagePullPolicy"] = trainer["imagePullPolicy"]
+    name = naming.rendezvous_name(job.metadata.name)
+    return _finish(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": _metadata(job, name, {naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS}),
+            "spec": spec,
+        }
+    )
+
+
+def _trainer_container(
+    job: api.TrainingJob, launch: Launch, container: dict[str, Any], *, attempt: int, index: int
+) -> dict[str, Any]:
+    spec = job.spec
+    profile = transport_profile(spec, launch, job.metadata.namespace)
+    ours = worker_environment(
+        spec,
+        launch,
+        job_name=job.metadata.name,
+        namespace=job.metadata.namespace,
+        job_uid=job.metadata.uid,
+        attempt=attempt,
+        index=index,
+    )
+    container["env"] = merge_env(ours, container.get("env"))
+    resources = container.setdefault("resources", {})
+    extra: dict[str, str] = dict(profile.extra_limits)
+    if spec.gpus.count > 0:
+        extra[spec.gpus.resource] = str(spec.gpus.count)
+    for kind in ("requests", "limits"):
+        if extra:
+            resources[kind] = {**(resources.get(kind) or {}), **extra}
+    if profile.ipc_lock:
+        security = container.setdefault("securityContext", {})
+        capabilities = security.setdefault("capabilities", {})
+        added = capabilities.setdefault("add", [])
+        if "IPC_LOCK" not in added:
+            added.append("IPC_LOCK")
+    mounts = container.setdefault("volumeMounts", [])
+    if profile.memory_shm:
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    if spec.checkpoint is not None:
+        volume = spec.checkpoint.volume_name or CHECKPOINT_VOLUME
+        mounts.append({"name": volume, "mountPath": spec.checkpoint.mount_path})
+    if not mounts:
+        container.pop("volumeMounts")
+    container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    return container
+
+
+def worker_pod(
+    job: api.TrainingJob, launch: Launch, *, index: int, attempt: int, kueue_total: int | None = None
+) -> Object:
+    """One worker pod: the user's template plus everything elastic training needs."""
+    spec = job.spec
+    template = _template_spec(job)
+    template_metadata = spec.template.metadata
+    containers = template["containers"]
+    containers[launch.trainer_index] = _trainer_container(
+        job, launch, containers[launch.trainer_index], attempt=attempt, index=index
+    )
+    profile = transport_profile(spec, launch, job.metadata.namespace)
+
+    volumes = template.setdefault("volumes", [])
+    volume_names = {volume.get("name") for volume in volumes}
+    if profile.memory_shm:
+        empty_dir: dict[str, Any] = {"medium": "Memory"}
+        if spec.network.shm_size:
+            empty_dir["sizeLimit"] = spec.network.shm_size
+        volumes.append({"name": SHM_VOLUME, "emptyDir": empty_dir})
+    if spec.checkpoint is not None:
+        if spec.checkpoint.claim_name:
+            volumes.append(
+                {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name}}
+            )
+        elif spec.checkpoint.volume_name not in volume_names:
+            raise PlanningError(
+                "spec.checkpoint.volumeName",
+                f"no volume named {spec.checkpoint.volume_name!r} in spec.template.spec.volumes",
+            )
+    if not volumes:
+        template.pop("volumes")
+
+    if spec.gpus.count > 0:
+        tolerations = template.setdefault("tolerations", [])
+        toleration = {"key": spec.gpus.resource, "operator": "Exists", "effect": "NoSchedule"}
+        if toleration not in tolerations:
+            tolerations.append(toleration)
+
+    template["restartPolicy"] = "Never"
+    template.setdefault("enableServiceLinks", False)
+    labels = dict((template_metadata.labels if template_metadata else None) or {})
+    labels.update(
+        {
+            naming.ROLE_LABEL: naming.ROLE_WORKER,
+            naming.WORKER_INDEX_LABEL: str(index),
+            naming.ATTEMPT_LABEL: str(attempt),
+        }
+    )
+    annotations = dict((template_metadata.annotations if template_metadata else None) or {})
+    annotations[naming.CONTAINER_ANNOTATION] = containers[launch.trainer_index]["name"]
+    annotations.update(profile.annotations)
+
+    gang = spec.gang
+    if gang.scheduler in ("scheduler-plugins", "volcano"):
+        template["schedulerName"] = gang.scheduler_name or naming.DEFAULT_SCHEDULER_NAMES[gang.scheduler]
+        if gang.scheduler == "scheduler-plugins":
+            labels[naming.COSCHEDULING_POD_GROUP_LABEL] = naming.pod_group_name(job.metadata.name)
+        else:
+            annotations[naming.VOLCANO_GROUP_ANNOTATION] = naming.pod_group_name(job.metadata.name)
+    elif gang.scheduler == "kueue":
+        labels[naming.KUEUE_QUEUE_LABEL] = gang.queue or ""
+        labels[naming.KUEUE_POD_GROUP_LABEL] = naming.kueue_group_name(job.metadata.name, attempt)
+        annotations[naming.KUEUE_TOTAL_COUNT_ANNOTATION] = str(kueue_total or spec.workers.desired)
+
+    return _finish(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": _metadata(job, naming.worker_pod_name(job.metadata.name, index), labels, annotations),
+            "spec": template,
+        }
+    )
+
+
+def _pod_requests(pod_spec: dict[str, Any]) -> dict[str, Decimal]:
+    total: dict[str, Decimal] = {}
+    for index, container in enumerate(pod_spec.get("containers", [])):
+        resources = container.get("resources") or {}
+        requests = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        for name, value in requests.items():
+            try:
+                total[name] = total.get(name, Decimal(0)) + parse_quantity(value)
+            except QuantityError as error:
+                raise PlanningError(
+                    f"spec.template.spec.containers[{index}].resources", f"{value!r} is not a quantity"
+                ) from error
+    return total
+
+
+def pod_group(job: api.TrainingJob, launch: Launch) -> Object | None:
+    """The gang's PodGroup for scheduler-plugins or Volcano; None for other schedulers."""
+    gang = job.spec.gang
+    if gang.scheduler not in ("scheduler-plugins", "volcano"):
+        return None
+    minimum = job.spec.workers.min
+    per_pod = _pod_requests(worker_pod(job, launch, index=0, attempt=0)["spec"])
+    min_resources = {name: format_quantity(value * minimum) for name, value in sorted(per_pod.items())}
+    spec: dict[str, Any] = {"minMember": minimum}
+    if min_resources:
+        spec["minResources"] = min_resources
+    if gang.scheduler == "scheduler-plugins":
+        api_version = COSCHEDULING_API
+        if gang.schedule_timeout_seconds is not None:
+            spec["scheduleTimeoutSeconds"] = gang.schedule_timeout_seconds
+    else:
+        api_version = VOLCANO_API
+        if gang.queue:
+            spec["queue"] = gang.queue
+        priority = _template_spec(job).get("priorityClassName")
+        if priority:
+            spec["priorityClassName"] = priority
+    return _finish(
+        {
+            "apiVersion": api_version,
+            "kind": "PodGroup",
+            "metadata": _metadata(job, naming.pod_group_name(job.metadata.name)),
+            "spec": spec,
+        }
+    )

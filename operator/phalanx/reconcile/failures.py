@@ -1,0 +1,107 @@
+"""Classify a worker's failure from Kubernetes state, not from its exit code alone.
+
+torchrun exits 1 whatever went wrong, so the exit code says little. The pod's
+conditions (DisruptionTarget), the container's terminated and waiting reasons and the
+node's readiness tell evictions and lost nodes (replace, do not count) from OOM kills
+and application errors (count against the budget) from configuration errors that no
+retry can fix (fail fast).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from phalanx.reconcile.observed import PodRecord
+
+Action = Literal["replace", "fail"]
+
+# Waiting reasons that mean the container will never start as configured.
+FATAL_WAITING_REASONS = {
+    "ErrImagePull": "ImagePullFailed",
+    "ImagePullBackOff": "ImagePullFailed",
+    "InvalidImageName": "ImagePullFailed",
+    "ErrImageNeverPull": "ImagePullFailed",
+    "CreateContainerConfigError": "InvalidPodConfiguration",
+    "CreateContainerError": "InvalidPodConfiguration",
+    "RunContainerError": "InvalidPodConfiguration",
+}
+DISRUPTION_REASONS = {
+    "PreemptionByScheduler": "Preempted",
+    "PreemptionByKubeScheduler": "Preempted",
+    "DeletionByTaintManager": "NodeLost",
+    "EvictionByEvictionAPI": "Evicted",
+    "DeletionByPodGC": "NodeLost",
+    "TerminationByKubelet": "Evicted",
+}
+MAX_MESSAGE = 1024
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a worker stopped and what to do about it."""
+
+    reason: str
+    counted: bool
+    action: Action
+    message: str
+
+
+def _describe(pod: PodRecord) -> str:
+    parts = [f"worker {pod.name}"]
+    if pod.exit_code is not None:
+        parts.append(f"exited with code {pod.exit_code}")
+    if pod.terminated_reason:
+        parts.append(f"({pod.terminated_reason})")
+    text = " ".join(parts)
+    if pod.termination_message:
+        text += f": {pod.termination_message.strip()}"
+    return text[:MAX_MESSAGE]
+
+
+def classify(pod: PodRecord, *, node_ready: bool = True) -> Failure | None:
+    """The failure of one worker pod, or None while it is healthy, pending or finished well."""
+    if pod.waiting_reason in FATAL_WAITING_REASONS:
+        detail = f": {pod.waiting_message}" if pod.waiting_message else ""
+        return Failure(
+            FATAL_WAITING_REASONS[pod.waiting_reason],
+            counted=False,
+            action="fail",
+            message=f"worker {pod.name} cannot start ({pod.waiting_reason}){detail}"[:MAX_MESSAGE],
+        )
+    if pod.disruption_reason is not None:
+        reason = DISRUPTION_REASONS.get(pod.disruption_reason, "Disrupted")
+        return Failure(
+            reason,
+            counted=False,
+            action="replace",
+            message=f"worker {pod.name} was disrupted ({pod.disruption_reason})",
+        )
+    if not node_ready and pod.node_name and not pod.finished:
+        return Failure(
+            "NodeLost",
+            counted=False,
+            action="replace",
+            message=f"worker {pod.name} is on node {pod.node_name}, which is not ready",
+        )
+    if pod.phase != "Failed":
+        return None
+    if pod.reason in ("Evicted", "Preempting", "Terminated", "Shutdown", "NodeShutdown"):
+        return Failure(
+            "Evicted",
+            counted=False,
+            action="replace",
+            message=f"worker {pod.name} was stopped by its node ({pod.reason})",
+        )
+    if pod.reason == "NodeLost":
+        return Failure("NodeLost", counted=False, action="replace", message=f"worker {pod.name} was lost with its node")
+    if pod.reason and (pod.reason.startswith("OutOf") or pod.reason == "UnexpectedAdmissionError"):
+        return Failure(
+            "NodeRejected",
+            counted=False,
+            action="replace",
+            message=f"worker {pod.name} was refused by its node ({pod.reason})",
+        )
+    if pod.terminated_reason == "OOMKilled":
+        return Failure("OOMKilled", counted=True, action="replace", message=_describe(pod))
+    return Failure("WorkerFailed", counted=True, action="replace", message=_describe(pod))

@@ -1,0 +1,82 @@
+"""Names, labels and annotation keys of everything the operator creates, in one place.
+
+Children carry only our own ``phalanx.dev/*`` labels (plus the conventional
+``app.kubernetes.io/managed-by``), never the TrainingJob's labels: GitOps tools track
+objects by label and would adopt or prune our pods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from phalanx.api import v1alpha1 as api
+
+PREFIX = api.GROUP
+FIELD_MANAGER = "phalanx"
+FINALIZER = f"{PREFIX}/finalizer"
+
+JOB_NAME_LABEL = f"{PREFIX}/job-name"
+ROLE_LABEL = f"{PREFIX}/role"
+WORKER_INDEX_LABEL = f"{PREFIX}/worker-index"
+ATTEMPT_LABEL = f"{PREFIX}/attempt"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "phalanx"
+
+SPEC_HASH_ANNOTATION = f"{PREFIX}/spec-hash"
+CONTAINER_ANNOTATION = f"{PREFIX}/trainer-container"
+
+ROLE_WORKER = "worker"
+ROLE_RENDEZVOUS = "rendezvous"
+
+# Gang scheduling integration keys (scheduler-plugins, Volcano, Kueue).
+COSCHEDULING_POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
+KUEUE_TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+
+DEFAULT_SCHEDULER_NAMES: Mapping[str, str] = {
+    "scheduler-plugins": "scheduler-plugins-scheduler",
+    "volcano": "volcano",
+}
+
+
+def worker_pod_name(job_name: str, index: int) -> str:
+    """Worker pods are named by slot; a slot is reused only after its old pod is gone."""
+    return f"{job_name}-worker-{index}"
+
+
+def rendezvous_name(job_name: str) -> str:
+    """Name of the rendezvous store pod and of the Service in front of it."""
+    return f"{job_name}-rdzv"
+
+
+def pod_group_name(job_name: str) -> str:
+    """The gang's PodGroup (scheduler-plugins or Volcano) lives as long as the job."""
+    return job_name
+
+
+def kueue_group_name(job_name: str, attempt: int) -> str:
+    """Kueue pod groups are fixed-size, so every gang attempt is a new group."""
+    return f"{job_name}-a{attempt}"
+
+
+def rendezvous_endpoint(job_name: str, namespace: str, port: int) -> str:
+    """The store's address as workers dial it (resolved through the cluster's DNS search path)."""
+    return f"{rendezvous_name(job_name)}.{namespace}.svc:{port}"
+
+
+def rendezvous_id(job_uid: str, attempt: int) -> str:
+    """A rendezvous that closed cannot be reused, so every gang attempt gets a new id."""
+    return f"{job_uid[:8] or 'job'}-{attempt}"
+
+
+def job_labels(job_name: str) -> dict[str, str]:
+    """Labels every child carries."""
+    return {JOB_NAME_LABEL: job_name, MANAGED_BY_LABEL: MANAGED_BY}
+
+
+def worker_selector(job_name: str) -> str:
+    """The scale subresource's selector: the job's worker pods."""
+    return f"{JOB_NAME_LABEL}={job_name},{ROLE_LABEL}={ROLE_WORKER}"

@@ -1,0 +1,153 @@
+"""Compact records of the children the operator observes.
+
+A parsed Pod dict costs tens of KiB in Python; the planner needs a dozen facts. The
+watch layer turns each event into one of these records at once and keeps only the
+record, so memory grows by a few hundred bytes per pod, not by the whole object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx.reconcile import naming
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """What the planner needs to know about one pod."""
+
+    name: str
+    role: str
+    index: int | None = None
+    attempt: int | None = None
+    spec_hash: str | None = None
+    group_total: int | None = None
+    phase: str = "Pending"
+    reason: str | None = None
+    ready: bool = False
+    scheduled: bool = False
+    node_name: str | None = None
+    pod_ip: str | None = None
+    deleting: bool = False
+    created: str | None = None
+    exit_code: int | None = None
+    terminated_reason: str | None = None
+    termination_message: str | None = None
+    waiting_reason: str | None = None
+    waiting_message: str | None = None
+    disruption_reason: str | None = None
+    unschedulable_message: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """The pod ran to an end (Succeeded or Failed)."""
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def active(self) -> bool:
+        """The pod exists, is not being deleted and has not finished."""
+        return not self.deleting and not self.finished
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRecord:
+    """A Service or PodGroup the operator owns."""
+
+    kind: str
+    name: str
+    spec_hash: str | None = None
+    phase: str | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything observed about one TrainingJob's children."""
+
+    pods: tuple[PodRecord, ...] = ()
+    objects: Mapping[tuple[str, str], ObjectRecord] = field(default_factory=dict)
+    unready_nodes: frozenset[str] = frozenset()
+
+    def workers(self) -> list[PodRecord]:
+        """Worker pods, any attempt."""
+        return [pod for pod in self.pods if pod.role == naming.ROLE_WORKER]
+
+    def store(self) -> PodRecord | None:
+        """The rendezvous store pod, if it exists."""
+        return next((pod for pod in self.pods if pod.role == naming.ROLE_RENDEZVOUS), None)
+
+    def has(self, kind: str, name: str) -> bool:
+        """Whether a Service or PodGroup exists."""
+        return (kind, name) in self.objects
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _condition(conditions: Iterable[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == kind), None)
+
+
+def _main_container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    wanted = pod.get("metadata", {}).get("annotations", {}).get(naming.CONTAINER_ANNOTATION)
+    statuses: list[Mapping[str, Any]] = pod.get("status", {}).get("containerStatuses") or []
+    for status in statuses:
+        if status.get("name") == wanted:
+            return status
+    return statuses[0] if statuses else {}
+
+
+def pod_record(pod: Mapping[str, Any]) -> PodRecord:
+    """Project a Pod as the API returns it onto a PodRecord."""
+    metadata = pod.get("metadata", {})
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    status = pod.get("status") or {}
+    conditions = status.get("conditions") or []
+    container = _main_container_status(pod)
+    state = container.get("state") or {}
+    terminated = state.get("terminated") or {}
+    waiting = state.get("waiting") or {}
+    ready = _condition(conditions, "Ready")
+    scheduled = _condition(conditions, "PodScheduled")
+    disruption = _condition(conditions, "DisruptionTarget")
+    unschedulable = scheduled is not None and scheduled.get("reason") == "Unschedulable"
+    return PodRecord(
+        name=metadata.get("name", ""),
+        role=labels.get(naming.ROLE_LABEL, ""),
+        index=_int_or_none(labels.get(naming.WORKER_INDEX_LABEL)),
+        attempt=_int_or_none(labels.get(naming.ATTEMPT_LABEL)),
+        spec_hash=annotations.get(naming.SPEC_HASH_ANNOTATION),
+        group_total=_int_or_none(annotations.get(naming.KUEUE_TOTAL_COUNT_ANNOTATION)),
+        phase=status.get("phase") or "Pending",
+        reason=status.get("reason"),
+        ready=ready is not None and ready.get("status") == "True",
+        scheduled=scheduled is not None and scheduled.get("status") == "True",
+        node_name=(pod.get("spec") or {}).get("nodeName"),
+        pod_ip=status.get("podIP"),
+        deleting=metadata.get("deletionTimestamp") is not None,
+        created=metadata.get("creationTimestamp"),
+        exit_code=_int_or_none(terminated.get("exitCode")),
+        terminated_reason=terminated.get("reason"),
+        termination_message=terminated.get("message"),
+        waiting_reason=waiting.get("reason"),
+        waiting_message=waiting.get("message"),
+        disruption_reason=(disruption or {}).get("reason") if (disruption or {}).get("status") == "True" else None,
+        unschedulable_message=scheduled.get("message") if unschedulable and scheduled else None,
+    )
+
+
+def object_record(obj: Mapping[str, Any]) -> ObjectRecord:
+    """Project a Service or PodGroup onto an ObjectRecord."""
+    metadata = obj.get("metadata", {})
+    return ObjectRecord(
+        kind=obj.get("kind", ""),
+        name=metadata.get("name", ""),
+        spec_hash=(metadata.get("annotations") or {}).get(naming.SPEC_HASH_ANNOTATION),
+        phase=(obj.get("status") or {}).get("phase"),
+    )

@@ -1,0 +1,464 @@
+"""The planner: TrainingJob + observed children + now -> changes, events and the next status.
+
+It does no I/O and reads no clock: ``now`` is an argument. Everything the job must
+remember between passes (the attempt, the restart budget, the backoff deadline, start
+and completion times) lives in ``status``, so the operator can restart at any moment,
+and deleting children never resets a budget. Planning against the result of its own
+plan yields no change.
+
+Ordering that matters for crash safety: a gang restart is first recorded in status (a
+new attempt) and only then are the old pods deleted. A crash in between leaves pods of
+an old attempt, which the next pass deletes as stale without counting them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from phalanx.api import v1alpha1 as api
+from phalanx.reconcile import desired, naming
+from phalanx.reconcile.environment import Launch, resolve_launch
+from phalanx.reconcile.errors import PlanningError
+from phalanx.reconcile.failures import Failure, classify
+from phalanx.reconcile.observed import Observed, PodRecord
+from phalanx.reconcile.status import PhaseView, conditions, format_time, parse_time
+
+Object = dict[str, Any]
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """A child to delete; ``grace_seconds=0`` force-deletes pods whose node is gone."""
+
+    kind: str
+    name: str
+    grace_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to record on the TrainingJob."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one reconcile pass should do."""
+
+    apply: tuple[Object, ...] = ()
+    delete: tuple[Deletion, ...] = ()
+    status: dict[str, Any] = field(default_factory=dict)
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+    delete_job: bool = False
+
+    @property
+    def changes_children(self) -> bool:
+        """Whether the plan creates, changes or deletes anything besides status."""
+        return bool(self.apply or self.delete or self.delete_job)
+
+
+@dataclass
+class _Memory:
+    """The part of status that carries over between passes."""
+
+    attempt: int
+    restarts: int
+    by_reason: dict[str, int]
+    start_time: str | None
+    completion_time: str | None
+    restart_not_before: str | None
+    last_checkpoint: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, status: api.TrainingJobStatus) -> _Memory:
+        return cls(
+            attempt=status.attempt,
+            restarts=status.restarts,
+            by_reason=dict(status.restarts_by_reason or {}),
+            start_time=status.start_time,
+            completion_time=status.completion_time,
+            restart_not_before=status.restart_not_before,
+            last_checkpoint=status.last_checkpoint.model_dump(by_alias=True, exclude_none=True)
+            if status.last_checkpoint
+            else None,
+        )
+
+
+def backoff_seconds(policy: api.FailurePolicy, counted_restarts: int) -> int:
+    """Exponential backoff: backoffSeconds doubled per counted restart, capped."""
+    if counted_restarts <= 0:
+        return 0
+    return int(min(policy.max_backoff_seconds, policy.backoff_seconds * 2 ** (counted_restarts - 1)))
+
+
+class _Pass:
+    """One planning pass; accumulates changes, then renders a Plan."""
+
+    def __init__(self, job: api.TrainingJob, observed: Observed, now: datetime) -> None:
+        self.job = job
+        self.spec = job.spec
+        self.observed = observed
+        self.now = now
+        self.memory = _Memory.of(job.status)
+        self.apply: list[Object] = []
+        self.delete: list[Deletion] = []
+        self.events: list[Event] = []
+        self.requeue: list[float] = []
+        self.delete_job = False
+        self.stalled: tuple[str, str] | None = None
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def node_ready(self, pod: PodRecord) -> bool:
+        return pod.node_name is None or pod.node_name not in self.observed.unready_nodes
+
+    def remove(self, pod: PodRecord) -> None:
+        """Delete a pod; force it when its node is gone, since the kubelet cannot confirm."""
+        if pod.deleting and self.node_ready(pod):
+            return
+        grace = 0 if (pod.finished or not self.node_ready(pod)) else None
+        self.delete.append(Deletion("Pod", pod.name, grace))
+
+    def remove_active(self, *, keep_finished: bool = True) -> None:
+        """Stop every running pod of the job (workers and store)."""
+        for pod in self.observed.pods:
+            if pod.active or (not keep_finished and not pod.deleting):
+                self.remove(pod)
+
+    def ensure(self, obj: Object | None) -> None:
+        """Apply an object that is missing or differs from what we last applied."""
+        if obj is None:
+            return
+        record = self.observed.objects.get((obj["kind"], obj["metadata"]["name"]))
+        if record is None or record.spec_hash != obj["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]:
+            self.apply.append(obj)
+
+    def count(self, failure: Failure) -> None:
+        self.memory.by_reason[failure.reason] = self.memory.by_reason.get(failure.reason, 0) + 1
+        if failure.counted:
+            self.memory.restarts += 1
+
+    def budget_exhausted(self) -> bool:
+        return self.memory.restarts > self.spec.failure_policy.max_restarts
+
+    def finish(self, phase: Literal["Succeeded", "Failed"], reason: str, message: str) -> PhaseView:
+        self.memory.completion_time = format_time(self.now)
+        self.memory.restart_not_before = None
+        self.remove_active()
+        kind: Literal["Normal", "Warning"] = "Normal" if phase == "Succeeded" else "Warning"
+        self.events.append(Event(kind, reason, message))
+        return PhaseView(phase, reason, message)
+
+    # -- the pass --------------------------------------------------------------------------------
+
+    def run(self) -> PhaseView:
+        previous = self.job.status
+        if previous.phase in TERMINAL:
+            return self.after_finish(previous)
+        try:
+            launch = resolve_launch(self.spec)
+            store = desired.rendezvous_store_pod(self.job, launch)
+            group = desired.pod_group(self.job, launch)
+            service = desired.rendezvous_service(self.job)
+            return self.run_with(launch, store, group, service)
+        except PlanningError as error:
+            return self.invalid(str(error))
+
+    def after_finish(self, previous: api.TrainingJobStatus) -> PhaseView:
+        self.remove_active()
+        ttl = self.spec.ttl_seconds_after_finished
+        completed = parse_time(previous.completion_time)
+        if ttl is not None and completed is not None:
+            remaining = (completed + timedelta(seconds=ttl) - self.now).total_seconds()
+            if remaining <= 0:
+                self.delete_job = True
+            else:
+                self.requeue.append(remaining)
+        assert previous.phase in TERMINAL
+        return PhaseView(previous.phase, previous.reason or previous.phase, previous.message or "")
+
+    def invalid(self, message: str) -> PhaseView:
+        if any(pod.active for pod in self.observed.workers()):
+            # Never kill a running job because a later operator version cannot plan its spec.
+            self.stalled = ("InvalidSpec", message)
+            self.apply.clear()
+            self.delete.clear()
+            previous = self.job.status
+            return PhaseView(previous.phase or "Running", previous.reason or "InvalidSpec", previous.message or message)
+        self.apply.clear()
+        self.delete.clear()
+        return self.finish("Failed", "InvalidSpec", message)
+
+    def run_with(self, launch: Launch, store: Object, group: Object | None, service: Object) -> PhaseView:
+        previous = self.job.status
+        spec = self.spec
+        if spec.suspend:
+            self.remove_active()
+            if previous.phase != "Suspended":
+                self.events.append(Event("Normal", "Suspended", "job suspended: all pods stopped"))
+            return PhaseView("Suspended", "Suspended", "spec.suspend is true")
+        if previous.phase == "Suspended":
+            # A resumed job starts a new rendezvous; suspension never costs budget.
+            self.memory.attempt += 1
+            self.events.append(Event("Normal", "Resumed", f"job resumed as attempt {self.memory.attempt}"))
+
+        attempt = self.memory.attempt
+        workers = self.observed.workers()
+        current = [pod for pod in workers if pod.attempt == attempt]
+        stale = [pod for pod in workers if pod.attempt != attempt]
+        for pod in stale:
+            self.remove(pod)
+
+        if any(pod.phase == "Succeeded" for pod in current):
+            return self.finish("Succeeded", "Succeeded", "training completed")
+
+        started = parse_time(self.memory.start_time)
+        deadline = spec.active_deadline_seconds
+        if deadline is not None and started is not None:
+            remaining = (started + timedelta(seconds=deadline) - self.now).total_seconds()
+            if remaining <= 0:
+                return self.finish(
+                    "Failed", "DeadlineExceeded", f"job ran longer than activeDeadlineSeconds ({deadline})"
+                )
+            self.requeue.append(remaining)
+
+        view = self.handle_failures(current)
+        if view is not None:
+            return view
+
+        self.ensure(group)
+        self.ensure(service)
+        store_pod = self.observed.store()
+        if store_pod is None:
+            self.apply.append(store)
+
+        not_before = parse_time(self.memory.restart_not_before)
+        if not_before is not None and not_before > self.now:
+            self.requeue.append((not_before - self.now).total_seconds())
+            return PhaseView("Restarting", "Backoff", f"attempt {attempt} starts at {self.memory.restart_not_before}")
+        if stale:
+            return PhaseView("Restarting", "GangRestart", f"waiting for {len(stale)} old worker(s) to stop")
+        if group is not None and not self.observed.has("PodGroup", group["metadata"]["name"]):
+            return PhaseView("Pending", "WaitingForPodGroup", "waiting for the PodGroup to exist")
+
+        self.scale(launch, current)
+        return self.running_phase(current, store_pod)
+
+    def handle_failures(self, current: list[PodRecord]) -> PhaseView | None:
+        failures = [
+            (pod, failure)
+            for pod in current
+            if not pod.deleting and (failure := classify(pod, node_ready=self.node_ready(pod))) is not None
+        ]
+        fatal = [failure for _, failure in failures if failure.action == "fail"]
+        if fatal:
+            return self.finish("Failed", fatal[0].reason, fatal[0].message)
+        store = self.observed.store()
+        store_lost = bool(current) and (store is None or store.finished or store.deleting or not self.node_ready(store))
+        if not failures and not store_lost:
+            return None
+        failed = {pod.name for pod, _ in failures}
+        survivors = [pod for pod in current if pod.active and pod.name not in failed]
+        if store_lost or len(survivors) < self.spec.workers.min:
+            return self.gang_restart(current, failures, store_lost=store_lost)
+        for pod, failure in failures:
+            self.count(failure)
+            self.remove(pod)
+            self.events.append(
+                Event(
+                    "Warning",
+                    f"Worker{failure.reason}",
+                    f"{failure.message}; replacing it, {len(survivors)} worker(s) train on",
+                )
+            )
+        if self.budget_exhausted():
+            return self.finish(
+                "Failed",
+                "RestartBudgetExhausted",
+                f"{self.memory.restarts} counted failures exceed failurePolicy.maxRestarts "
+                f"({self.spec.failure_policy.max_restarts}); last: {failures[-1][1].message}",
+            )
+        return None
+
+    def gang_restart(
+        self, current: list[PodRecord], failures: list[tuple[PodRecord, Failure]], *, store_lost: bool
+    ) -> PhaseView:
+        if failures:
+            counted = [failure for _, failure in failures if failure.counted]
+            failure = counted[0] if counted else failures[0][1]
+        else:
+            failure = Failure(
+                "RendezvousStoreLost", counted=False, action="replace", message="the rendezvous store pod was lost"
+            )
+        self.count(failure)
+        if self.budget_exhausted():
+            return self.finish(
+                "Failed",
+                "RestartBudgetExhausted",
+                f"{self.memory.restarts} counted failures exceed failurePolicy.maxRestarts "
+                f"({self.spec.failure_policy.max_restarts}); last: {failure.message}",
+            )
+        self.memory.attempt += 1
+        wait = backoff_seconds(self.spec.failure_policy, self.memory.restarts) if failure.counted else 0
+        self.memory.restart_not_before = format_time(self.now + timedelta(seconds=wait)) if wait else None
+        for pod in current:
+            self.remove(pod)
+        store = self.observed.store()
+        if store_lost and store is not None:
+            self.remove(store)
+        message = (
+            f"{failure.message}; fewer than min ({self.spec.workers.min}) workers remain, "
+            f"restarting the gang as attempt {self.memory.attempt}"
+        )
+        if store_lost:
+            message = f"{failure.message}; restarting the gang as attempt {self.memory.attempt}"
+        if wait:
+            message += f" after {wait}s"
+            self.requeue.append(float(wait))
+        self.events.append(Event("Warning", "GangRestart", message))
+        return PhaseView("Restarting", failure.reason, message)
+
+    def scale(self, launch: Launch, current: list[PodRecord]) -> None:
+        spec = self.spec
+        wanted = spec.workers.desired
+        kueue_total: int | None = None
+        if spec.gang.scheduler == "kueue":
+            totals = {pod.group_total for pod in current if pod.group_total is not None}
+            kueue_total = totals.pop() if len(totals) == 1 else wanted
+        taken = {pod.name for pod in self.observed.workers()}
+        created = 0
+        for index in range(wanted):
+            if naming.worker_pod_name(self.job.metadata.name, index) not in taken:
+                self.apply.append(
+                    desired.worker_pod(
+                        self.job, launch, index=index, attempt=self.memory.attempt, kueue_total=kueue_total
+                    )
+                )
+                created += 1
+        surplus = sorted(
+            (pod for pod in current if pod.active and pod.index is not None and pod.index >= wanted),
+            key=lambda pod: -(pod.index or 0),
+        )
+        for pod in surplus:
+            self.remove(pod)
+        active = sum(1 for pod in current if pod.active)
+        if current and (surplus or (created and active)):
+            self.events.append(Event("Normal", "Rescaling", f"scaling from {active} to {wanted} workers"))
+
+    def running_phase(self, current: list[PodRecord], store: PodRecord | None) -> PhaseView:
+        minimum, wanted = self.spec.workers.min, self.spec.workers.desired
+        active = [pod for pod in current if pod.active]
+        ready = [pod for pod in active if pod.ready]
+        if len(ready) >= minimum and store is not None and store.ready:
+            if self.memory.start_time is None:
+                self.memory.start_time = format_time(self.now)
+            if len(active) == wanted and len(ready) == wanted:
+                return PhaseView("Running", "WorkersReady", f"{len(ready)} worker(s) training")
+            return PhaseView("Rescaling", "Rescaling", f"{len(ready)} worker(s) training, converging to {wanted}")
+        if any(pod.scheduled for pod in active):
+            return PhaseView("Starting", "WorkersStarting", f"{len(ready)} of at least {minimum} worker(s) ready")
+        unschedulable = next((pod.unschedulable_message for pod in active if pod.unschedulable_message), None)
+        if unschedulable:
+            return PhaseView("Pending", "Unschedulable", unschedulable)
+        return PhaseView("Pending", "WorkersPending", f"waiting for {minimum} worker(s) to be scheduled")
+
+    # -- rendering -------------------------------------------------------------------------------
+
+    def render(self, view: PhaseView) -> Plan:
+        job, memory = self.job, self.memory
+        previous = job.status
+        attempt_workers = [pod for pod in self.observed.workers() if pod.attempt == memory.attempt]
+        active = [pod for pod in attempt_workers if pod.active]
+        deleted = {deletion.name for deletion in self.delete}
+        still_active = [pod for pod in active if pod.name not in deleted]
+        ready = sum(1 for pod in still_active if pod.ready)
+        wanted = self.spec.workers.desired
+        if view.phase != previous.phase and not self.events:
+            kind: Literal["Normal", "Warning"] = "Warning" if view.phase in ("Failed", "Restarting") else "Normal"
+            self.events.append(Event(kind, view.reason, f"{previous.phase or 'New'} -> {view.phase}: {view.message}"))
+        world = previous.workers.world_size if previous.workers else None
+        status: dict[str, Any] = {
+            "observedGeneration": job.metadata.generation,
+            "phase": view.phase,
+            "reason": view.reason,
+            "message": view.message,
+            "attempt": memory.attempt,
+            "restarts": memory.restarts,
+            "restartsByReason": dict(sorted(memory.by_reason.items())),
+            "workers": {
+                "desired": wanted,
+                "active": len(still_active),
+                "ready": ready,
+                **({"worldSize": world} if world is not None else {}),
+            },
+            "replicas": len(still_active),
+            "selector": naming.worker_selector(job.metadata.name),
+            "workerSummary": f"{ready}/{wanted}",
+            "conditions": conditions(
+                previous.conditions,
+                view,
+                generation=job.metadata.generation,
+                now=self.now,
+                stalled_override=self.stalled,
+            ),
+        }
+        for key, value in (
+            ("startTime", memory.start_time),
+            ("completionTime", memory.completion_time),
+            ("restartNotBefore", memory.restart_not_before),
+            ("lastCheckpoint", memory.last_checkpoint),
+        ):
+            status[key] = value
+        return Plan(
+            apply=tuple(self.apply),
+            delete=tuple(dict.fromkeys(self.delete)),
+            status=status,
+            events=tuple(self.events),
+            requeue_after=min(self.requeue) if self.requeue else None,
+            delete_job=self.delete_job,
+        )
+
+
+def plan(job: api.TrainingJob, observed: Observed, now: datetime) -> Plan:
+    """Plan one reconcile pass. Never raises for a bad spec: that becomes a Failed job."""
+    if job.metadata.deletion_timestamp is not None:
+        return Plan()
+    one = _Pass(job, observed, now)
+    return one.render(one.run())
+
+
+def status_changed(current: api.TrainingJobStatus | dict[str, Any] | None, proposed: dict[str, Any]) -> bool:
+    """Whether writing ``proposed`` would change the stored status."""
+    if isinstance(current, api.TrainingJobStatus):
+        current = current.model_dump(by_alias=True, exclude_none=True)
+    current = current or {}
+    return any(
+        current.get(key) != value for key, value in proposed.items() if not (value is None and key not in current)
+    )
+
+
+def fail(job: api.TrainingJob, observed: Observed, now: datetime, reason: str, message: str) -> Plan:
+    """A plan that ends the job as Failed for a reason found outside the planner (a refused pod)."""
+    one = _Pass(job, observed, now)
+    return one.render(one.finish("Failed", reason, message))
+
+
+def invalid_status(body_status: dict[str, Any] | None, generation: int, message: str, now: datetime) -> dict[str, Any]:
+    """Status for a TrainingJob that cannot even be parsed (a schema older than the operator)."""
+    previous = api.TrainingJobStatus.model_validate(body_status or {})
+    view = PhaseView("Failed", "InvalidSpec", message)
+    return {
+        "observedGeneration": generation,
+        "phase": "Failed",
+        "reason": "InvalidSpec",
+        "message": message,
+        "completionTime": previous.completion_time or format_time(now),
+        "conditions": conditions(previous.conditions, view, generation=generation, now=now),
+    }

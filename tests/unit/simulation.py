@@ -1,0 +1,177 @@
+"""An in-memory world for planner scenario tests: it stores what plans create and lets a test
+play the kubelet's and the scheduler's part (schedule, run, fail, evict, lose a node).
+
+This is not a stand-in for the API server in the operator's own tests of I/O (those run
+against a real cluster); it exists so the pure planner can be driven through whole job
+lifecycles in milliseconds, with pods in the exact JSON shape the API server returns.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from phalanx.api.v1alpha1 import TrainingJob
+from phalanx.reconcile import naming
+from phalanx.reconcile.observed import Observed, object_record, pod_record
+from phalanx.reconcile.plan import Plan, plan
+from phalanx.reconcile.status import format_time
+
+START = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+class World:
+    """The job, its children and the clock."""
+
+    def __init__(self, job: TrainingJob, now: datetime = START) -> None:
+        self.body: dict[str, Any] = job.model_dump(by_alias=True, exclude_none=True)
+        self.body["status"] = job.status.model_dump(by_alias=True, exclude_none=True) if job.status.phase else {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.unready_nodes: set[str] = set()
+        self.now = now
+        self.plans: list[Plan] = []
+        self.job_deleted = False
+
+    # -- the operator's side ---------------------------------------------------------------------
+
+    @property
+    def job(self) -> TrainingJob:
+        return TrainingJob.from_body(self.body)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.body["status"]
+
+    def observed(self) -> Observed:
+        pods = tuple(sorted((pod_record(pod) for pod in self.pods.values()), key=lambda p: p.name))
+        objects = {key: object_record(obj) for key, obj in self.objects.items()}
+        return Observed(pods=pods, objects=objects, unready_nodes=frozenset(self.unready_nodes))
+
+    def plan(self) -> Plan:
+        return plan(self.job, self.observed(), self.now)
+
+    def reconcile(self) -> Plan:
+        """Plan once and carry the plan out, as the operator would."""
+        result = self.plan()
+        self.carry_out(result)
+        self.plans.append(result)
+        return result
+
+    def carry_out(self, result: Plan) -> None:
+        if result.status:
+            merged = {**self.status, **result.status}
+            self.body["status"] = {key: value for key, value in merged.items() if value is not None}
+        for applied in result.apply:
+            obj = copy.deepcopy(applied)
+            obj["metadata"]["creationTimestamp"] = format_time(self.now)
+            if obj["kind"] == "Pod":
+                obj["status"] = {"phase": "Pending"}
+                self.pods[obj["metadata"]["name"]] = obj
+            else:
+                self.objects[(obj["kind"], obj["metadata"]["name"])] = obj
+        for deletion in result.delete:
+            pod = self.pods.get(deletion.name)
+            if pod is None:
+                continue
+            finished = pod["status"].get("phase") in ("Succeeded", "Failed")
+            if deletion.grace_seconds == 0 or finished:
+                del self.pods[deletion.name]
+            else:
+                pod["metadata"]["deletionTimestamp"] = format_time(self.now)
+        if result.delete_job:
+            self.job_deleted = True
+
+    def settle(self, rounds: int = 10) -> Plan:
+        """Reconcile until the plan changes nothing, letting terminating pods finish in between."""
+        result = self.reconcile()
+        for _ in range(rounds):
+            self.finish_terminating()
+            if not result.changes_children:
+                return result
+            result = self.reconcile()
+        raise AssertionError(f"no fixed point after {rounds} rounds: {result}")
+
+    # -- the cluster's side ----------------------------------------------------------------------
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    def finish_terminating(self) -> None:
+        """The kubelet confirms graceful deletions (except on nodes that are gone)."""
+        for name, pod in list(self.pods.items()):
+            node = pod.get("spec", {}).get("nodeName")
+            if pod["metadata"].get("deletionTimestamp") and node not in self.unready_nodes:
+                del self.pods[name]
+
+    def workers(self, attempt: int | None = None) -> list[dict[str, Any]]:
+        pods = [p for p in self.pods.values() if p["metadata"]["labels"][naming.ROLE_LABEL] == naming.ROLE_WORKER]
+        if attempt is not None:
+            pods = [p for p in pods if p["metadata"]["labels"][naming.ATTEMPT_LABEL] == str(attempt)]
+        return sorted(pods, key=lambda p: p["metadata"]["name"])
+
+    def run(self, name: str | None = None, node: str = "node-a") -> None:
+        """Schedule and start a pod (all pods when ``name`` is None): Running and Ready."""
+        for pod_name in [name] if name else list(self.pods):
+            pod = self.pods[pod_name]
+            if pod["status"].get("phase") in ("Succeeded", "Failed") or pod["metadata"].get("deletionTimestamp"):
+                continue
+            pod["spec"]["nodeName"] = pod["spec"].get("nodeName") or node
+            pod["status"] = {
+                "phase": "Running",
+                "podIP": "10.0.0.1",
+                "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+                "containerStatuses": [
+                    {
+                        "name": pod["spec"]["containers"][0]["name"],
+                        "state": {"running": {"startedAt": format_time(self.now)}},
+                    }
+                ],
+            }
+
+    def schedule_only(self, name: str, node: str = "node-a") -> None:
+        pod = self.pods[name]
+        pod["spec"]["nodeName"] = node
+        pod["status"] = {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+
+    def unschedulable(self, name: str, message: str) -> None:
+        self.pods[name]["status"] = {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
+        }
+
+    def terminate(self, name: str, exit_code: int, reason: str = "Error", message: str | None = None) -> None:
+        pod = self.pods[name]
+        terminated: dict[str, Any] = {"exitCode": exit_code, "reason": reason}
+        if message:
+            terminated["message"] = message
+        pod["status"] = {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": pod["spec"]["containers"][0]["name"], "state": {"terminated": terminated}}],
+        }
+
+    def waiting(self, name: str, reason: str, message: str = "") -> None:
+        pod = self.pods[name]
+        pod["status"] = {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [
+                {
+                    "name": pod["spec"]["containers"][0]["name"],
+                    "state": {"waiting": {"reason": reason, "message": message}},
+                }
+            ],
+        }
+
+    def disrupt(self, name: str, reason: str = "EvictionByEvictionAPI") -> None:
+        pod = self.pods[name]
+        pod["status"].setdefault("conditions", []).append(
+            {"type": "DisruptionTarget", "status": "True", "reason": reason}
+        )
+        pod["status"]["phase"] = "Failed"
+
+    def delete_pod(self, name: str) -> None:
+        """Someone deleted the pod outright (kubectl delete pod --force)."""
+        self.pods.pop(name, None)

@@ -1,0 +1,171 @@
+"""Details of the objects the builders produce."""
+
+from __future__ import annotations
+
+import pytest
+
+from phalanx.reconcile import desired, naming
+from phalanx.reconcile.environment import resolve_launch
+from phalanx.reconcile.errors import PlanningError
+from tests.unit.jobs import job
+
+
+def test_children_carry_owner_reference_and_only_our_labels() -> None:
+    body = job().model_dump(by_alias=True, exclude_none=True)
+    body["metadata"]["labels"] = {"app.kubernetes.io/instance": "argo-app"}
+    parsed = job(body)
+    launch = resolve_launch(parsed.spec)
+    for obj in (
+        desired.worker_pod(parsed, launch, index=0, attempt=0),
+        desired.rendezvous_service(parsed),
+        desired.rendezvous_store_pod(parsed, launch),
+    ):
+        reference = obj["metadata"]["ownerReferences"][0]
+        assert reference == {
+            "apiVersion": "phalanx.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "name": "demo",
+            "uid": parsed.metadata.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert "app.kubernetes.io/instance" not in obj["metadata"]["labels"]
+        assert obj["metadata"]["labels"][naming.JOB_NAME_LABEL] == "demo"
+
+
+def test_template_labels_go_to_pods_and_ours_win() -> None:
+    parsed = job(template={"metadata": {"labels": {"team": "nlp", naming.ROLE_LABEL: "fake"}}})
+    pod = desired.worker_pod(parsed, resolve_launch(parsed.spec), index=1, attempt=2)
+    labels = pod["metadata"]["labels"]
+    assert labels["team"] == "nlp"
+    assert labels[naming.ROLE_LABEL] == "worker"
+    assert labels[naming.WORKER_INDEX_LABEL] == "1" and labels[naming.ATTEMPT_LABEL] == "2"
+
+
+def test_service_is_headless_and_publishes_not_ready_addresses() -> None:
+    service = desired.rendezvous_service(job())
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {naming.JOB_NAME_LABEL: "demo", naming.ROLE_LABEL: "rendezvous"}
+    assert service["spec"]["ports"][0]["port"] == 29400
+
+
+def test_store_pod_uses_the_trainer_image_and_placement() -> None:
+    parsed = job(
+        template={
+            "spec": {
+                "nodeSelector": {"pool": "cpu"},
+                "containers": [{"name": "sidecar", "image": "busybox"}, {"name": "trainer", "image": "acme/train:3"}],
+            }
+        }
+    )
+    store = desired.rendezvous_store_pod(parsed, resolve_launch(parsed.spec))
+    container = store["spec"]["containers"][0]
+    assert container["image"] == "acme/train:3"
+    assert container["readinessProbe"]["tcpSocket"]["port"] == 29400
+    assert store["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert "TCPStore" in container["command"][2]
+
+
+def test_container_env_overrides_ours() -> None:
+    parsed = job(
+        template={
+            "spec": {
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "image": "x",
+                        "env": [{"name": "PET_MAX_RESTARTS", "value": "0"}, {"name": "MY_VAR", "value": "1"}],
+                    }
+                ]
+            }
+        }
+    )
+    pod = desired.worker_pod(parsed, resolve_launch(parsed.spec), index=0, attempt=0)
+    env = pod["spec"]["containers"][0]["env"]
+    assert [v for v in env if v["name"] == "PET_MAX_RESTARTS"] == [{"name": "PET_MAX_RESTARTS", "value": "0"}]
+    assert env[-1] == {"name": "MY_VAR", "value": "1"}
+    assert env[0]["name"] == "POD_IP"  # defined before PET_LOCAL_ADDR=$(POD_IP) uses it
+
+
+def test_restart_policy_is_ours_and_termination_log_is_kept() -> None:
+    parsed = job(template={"spec": {"restartPolicy": "OnFailure"}})
+    pod = desired.worker_pod(parsed, resolve_launch(parsed.spec), index=0, attempt=0)
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_checkpoint_volume_from_claim_or_template() -> None:
+    claimed = job(checkpoint={"claimName": "ckpt", "mountPath": "/ckpt"})
+    pod = desired.worker_pod(claimed, resolve_launch(claimed.spec), index=0, attempt=0)
+    assert {"name": "phalanx-checkpoint", "persistentVolumeClaim": {"claimName": "ckpt"}} in pod["spec"]["volumes"]
+    assert {"name": "phalanx-checkpoint", "mountPath": "/ckpt"} in pod["spec"]["containers"][0]["volumeMounts"]
+    own = job(
+        checkpoint={"volumeName": "nfs"},
+        template={"spec": {"volumes": [{"name": "nfs", "nfs": {"server": "nfs.example", "path": "/x"}}]}},
+    )
+    pod = desired.worker_pod(own, resolve_launch(own.spec), index=0, attempt=0)
+    assert {"name": "nfs", "mountPath": "/checkpoints"} in pod["spec"]["containers"][0]["volumeMounts"]
+
+
+def test_gpu_resource_in_the_container_is_refused_with_the_field() -> None:
+    parsed = job(
+        gpus={"count": 2},
+        template={
+            "spec": {
+                "containers": [{"name": "trainer", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]
+            }
+        },
+    )
+    with pytest.raises(PlanningError) as raised:
+        resolve_launch(parsed.spec)
+    assert raised.value.field == "spec.template.spec.containers[0].resources"
+
+
+def test_bad_cpu_quantity_is_refused_with_the_field() -> None:
+    parsed = job(
+        template={"spec": {"containers": [{"name": "trainer", "image": "x", "resources": {"limits": {"cpu": "two"}}}]}}
+    )
+    with pytest.raises(PlanningError) as raised:
+        resolve_launch(parsed.spec)
+    assert raised.value.field == "spec.template.spec.containers[0].resources.limits.cpu"
+
+
+def test_omp_threads_from_cpu_limit_divided_by_processes() -> None:
+    parsed = job(
+        procsPerWorker=3,
+        template={
+            "spec": {
+                "containers": [
+                    {"name": "trainer", "image": "x", "resources": {"limits": {"cpu": "8"}, "requests": {"cpu": "1"}}}
+                ]
+            }
+        },
+    )
+    assert resolve_launch(parsed.spec).omp_threads == 2
+    small = job(
+        procsPerWorker=4,
+        template={
+            "spec": {"containers": [{"name": "trainer", "image": "x", "resources": {"requests": {"cpu": "500m"}}}]}
+        },
+    )
+    assert resolve_launch(small.spec).omp_threads == 1
+
+
+def test_amd_and_mig_resources() -> None:
+    for resource in ("amd.com/gpu", "nvidia.com/mig-1g.10gb"):
+        parsed = job(gpus={"count": 1, "resource": resource})
+        pod = desired.worker_pod(parsed, resolve_launch(parsed.spec), index=0, attempt=0)
+        assert pod["spec"]["containers"][0]["resources"]["limits"][resource] == "1"
+
+
+def test_spec_hash_changes_with_content_only() -> None:
+    parsed = job()
+    launch = resolve_launch(parsed.spec)
+    one = desired.worker_pod(parsed, launch, index=0, attempt=0)
+    assert one == desired.worker_pod(parsed, launch, index=0, attempt=0)
+    other = desired.worker_pod(parsed, launch, index=0, attempt=1)
+    assert (
+        one["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]
+        != other["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]
+    )

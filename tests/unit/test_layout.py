@@ -1,0 +1,69 @@
+"""Packaging: operator/ is a source root that never shadows the standard library's operator."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_operator_directory_holds_no_python_of_its_own() -> None:
+    assert not (ROOT / "operator" / "__init__.py").exists()
+    assert not list((ROOT / "operator").glob("*.py"))
+
+
+def test_import_operator_still_gives_the_standard_library() -> None:
+    code = "import operator, sys; print(operator.__file__); print(operator.itemgetter)"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": f"{ROOT}:{ROOT / 'operator'}", "PATH": "/usr/bin:/bin"},
+    )
+    path = Path(result.stdout.splitlines()[0]).resolve()
+    assert path.is_relative_to(Path(sys.base_prefix).resolve()), path
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    return next(out.glob("phalanx-*.whl"))
+
+
+def test_wheel_contains_phalanx_and_no_operator_package(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "phalanx/__init__.py" in names
+    assert "phalanx/py.typed" in names
+    assert not [name for name in names if name.startswith("operator/")]
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "phalanx = phalanx.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_wheel_imports_after_install(wheel: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+    )
+    code = "import phalanx, phalanx.api.crd, operator; print(phalanx.__file__, operator.__name__)"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+    )
+    assert str(target) in result.stdout

@@ -1,0 +1,326 @@
+"""Scenario tests of the planner: whole lifecycles driven through the in-memory world."""
+
+from __future__ import annotations
+
+from phalanx.reconcile import naming
+from phalanx.reconcile.plan import backoff_seconds
+from tests.unit.jobs import job
+from tests.unit.simulation import World
+
+
+def conditions(world: World) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in world.status["conditions"]}
+
+
+def test_first_pass_creates_service_store_and_workers_and_writes_status() -> None:
+    world = World(job())
+    plan = world.reconcile()
+    kinds = [(obj["kind"], obj["metadata"]["name"]) for obj in plan.apply]
+    assert kinds == [
+        ("Service", "demo-rdzv"),
+        ("Pod", "demo-rdzv"),
+        ("Pod", "demo-worker-0"),
+        ("Pod", "demo-worker-1"),
+        ("Pod", "demo-worker-2"),
+    ]
+    assert world.status["phase"] == "Pending"
+    assert world.status["observedGeneration"] == 1
+    assert conditions(world) == {
+        "Ready": "False",
+        "Reconciling": "True",
+        "Stalled": "False",
+        "Running": "False",
+        "Succeeded": "False",
+        "Failed": "False",
+        "Suspended": "False",
+    }
+    assert world.status["selector"] == "phalanx.dev/job-name=demo,phalanx.dev/role=worker"
+
+
+def test_second_pass_against_its_own_result_changes_nothing() -> None:
+    world = World(job())
+    world.reconcile()
+    again = world.reconcile()
+    assert not again.changes_children
+    assert again.events == ()
+
+
+def test_running_when_min_workers_and_store_ready() -> None:
+    world = World(job())
+    world.reconcile()
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running"
+    assert world.status["workerSummary"] == "3/3"
+    assert world.status["startTime"] == "2026-11-30T12:00:00Z"
+    assert conditions(world)["Ready"] == "True"
+    assert conditions(world)["Reconciling"] == "False"
+
+
+def test_starting_until_min_workers_are_ready() -> None:
+    world = World(job())
+    world.reconcile()
+    world.schedule_only("demo-worker-0")
+    world.reconcile()
+    assert world.status["phase"] == "Starting"
+    world.run("demo-rdzv")
+    world.run("demo-worker-0")
+    world.run("demo-worker-1")
+    world.reconcile()
+    assert world.status["phase"] == "Rescaling"  # training with 2, converging to 3
+    assert world.status["workers"] == {"desired": 3, "active": 3, "ready": 2}
+
+
+def test_unschedulable_pods_explain_pending() -> None:
+    world = World(job())
+    world.reconcile()
+    world.unschedulable("demo-worker-0", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    world.reconcile()
+    assert world.status["phase"] == "Pending"
+    assert world.status["reason"] == "Unschedulable"
+    assert "Insufficient nvidia.com/gpu" in world.status["message"]
+
+
+def test_scale_up_adds_pods_without_touching_running_ones() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    before = {name: pod["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION] for name, pod in world.pods.items()}
+    world.body["spec"]["workers"]["desired"] = 4
+    world.body["metadata"]["generation"] = 2
+    plan = world.reconcile()
+    assert [obj["metadata"]["name"] for obj in plan.apply] == ["demo-worker-3"]
+    assert plan.delete == ()
+    assert all(
+        world.pods[name]["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION] == digest
+        for name, digest in before.items()
+    )
+    assert world.status["observedGeneration"] == 2
+
+
+def test_scale_down_deletes_highest_indices() -> None:
+    world = World(job(workers={"desired": 4}))
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.body["spec"]["workers"]["desired"] = 2
+    plan = world.reconcile()
+    assert sorted(d.name for d in plan.delete) == ["demo-worker-2", "demo-worker-3"]
+    assert world.status["restarts"] == 0
+
+
+def test_spec_change_that_needs_no_pod_change_makes_none() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.body["spec"]["failurePolicy"]["maxRestarts"] = 9
+    world.body["spec"]["ttlSecondsAfterFinished"] = 60
+    world.body["metadata"]["generation"] = 2
+    plan = world.reconcile()
+    assert not plan.changes_children
+    assert world.status["observedGeneration"] == 2
+
+
+def test_success_of_any_worker_finishes_the_job_and_stops_the_rest() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.terminate("demo-worker-1", 0, "Completed")
+    plan = world.reconcile()
+    assert world.status["phase"] == "Succeeded"
+    assert world.status["completionTime"] == "2026-11-30T12:00:00Z"
+    assert sorted(d.name for d in plan.delete) == ["demo-rdzv", "demo-worker-0", "demo-worker-2"]
+    assert conditions(world)["Ready"] == "True"
+    assert conditions(world)["Succeeded"] == "True"
+    assert any(event.reason == "Succeeded" for event in plan.events)
+
+
+def test_ttl_deletes_the_finished_job_after_its_time() -> None:
+    world = World(job(ttlSecondsAfterFinished=100))
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.terminate("demo-worker-0", 0)
+    world.reconcile()
+    plan = world.reconcile()
+    assert plan.requeue_after == 100
+    world.advance(100)
+    assert world.reconcile().delete_job
+
+
+def test_worker_failure_with_enough_survivors_replaces_only_that_worker() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.terminate("demo-worker-1", 1, "Error", '{"message": "ValueError: bad batch"}')
+    plan = world.reconcile()
+    assert [d.name for d in plan.delete] == ["demo-worker-1"]
+    assert world.status["restarts"] == 1
+    assert world.status["restartsByReason"] == {"WorkerFailed": 1}
+    assert world.status["attempt"] == 0
+    assert any("ValueError: bad batch" in event.message for event in plan.events)
+    plan = world.reconcile()
+    assert [obj["metadata"]["name"] for obj in plan.apply] == ["demo-worker-1"]
+    assert world.pods["demo-worker-1"]["metadata"]["labels"][naming.ATTEMPT_LABEL] == "0"
+
+
+def test_too_few_survivors_restart_the_whole_gang_with_a_new_rendezvous() -> None:
+    world = World(job(failurePolicy={"backoffSeconds": 10}))
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.terminate("demo-worker-0", 1)
+    world.terminate("demo-worker-1", 137, "OOMKilled")
+    plan = world.reconcile()
+    assert world.status["attempt"] == 1
+    assert world.status["restarts"] == 1
+    assert world.status["phase"] == "Restarting"
+    assert sorted(d.name for d in plan.delete) == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    world.finish_terminating()
+    plan = world.reconcile()
+    assert plan.apply == ()  # backoff
+    assert plan.requeue_after == 10
+    world.advance(10)
+    plan = world.reconcile()
+    names = [obj["metadata"]["name"] for obj in plan.apply]
+    assert names == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    env = {e["name"]: e.get("value") for e in plan.apply[0]["spec"]["containers"][0]["env"]}
+    assert env["PET_RDZV_ID"].endswith("-1")
+    assert env["PHALANX_ATTEMPT"] == "1"
+
+
+def test_restart_budget_exhausted_fails_the_job() -> None:
+    world = World(
+        job(workers={"min": 3, "max": 3, "desired": 3}, failurePolicy={"maxRestarts": 1, "backoffSeconds": 0})
+    )
+    for expected_restarts in (1, 2):
+        world.settle()
+        world.run()
+        world.reconcile()
+        world.terminate("demo-worker-0", 1)
+        world.reconcile()
+        world.finish_terminating()
+        assert world.status["restarts"] == expected_restarts
+    assert world.status["phase"] == "Failed"
+    assert world.status["reason"] == "RestartBudgetExhausted"
+    assert conditions(world)["Stalled"] == "True"
+
+
+def test_eviction_replaces_without_counting() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.disrupt("demo-worker-2", "PreemptionByScheduler")
+    world.reconcile()
+    assert world.status["restarts"] == 0
+    assert world.status["restartsByReason"] == {"Preempted": 1}
+
+
+def test_image_pull_error_fails_fast_with_the_reason() -> None:
+    world = World(job())
+    world.settle()
+    world.waiting("demo-worker-0", "ImagePullBackOff", 'Back-off pulling image "example/train:1"')
+    plan = world.reconcile()
+    assert world.status["phase"] == "Failed"
+    assert world.status["reason"] == "ImagePullFailed"
+    assert "Back-off pulling image" in world.status["message"]
+    assert world.status["restarts"] == 0
+    assert {d.name for d in plan.delete} >= {"demo-worker-1", "demo-worker-2", "demo-rdzv"}
+
+
+def test_lost_store_restarts_the_gang_without_counting() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.delete_pod("demo-rdzv")
+    world.reconcile()
+    assert world.status["attempt"] == 1
+    assert world.status["restarts"] == 0
+    assert world.status["restartsByReason"] == {"RendezvousStoreLost": 1}
+
+
+def test_node_lost_force_deletes_and_replaces() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.run("demo-worker-2", node="node-b")
+    world.pods["demo-worker-2"]["spec"]["nodeName"] = "node-b"
+    world.reconcile()
+    world.unready_nodes.add("node-b")
+    plan = world.reconcile()
+    assert [(d.name, d.grace_seconds) for d in plan.delete] == [("demo-worker-2", 0)]
+    assert world.status["restartsByReason"] == {"NodeLost": 1}
+    assert world.status["restarts"] == 0
+
+
+def test_suspend_stops_pods_and_resume_starts_a_new_attempt() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.body["spec"]["suspend"] = True
+    plan = world.reconcile()
+    assert len(plan.delete) == 4
+    assert world.status["phase"] == "Suspended"
+    assert conditions(world)["Suspended"] == "True"
+    world.finish_terminating()
+    world.body["spec"]["suspend"] = False
+    plan = world.reconcile()
+    assert world.status["attempt"] == 1
+    assert world.status["restarts"] == 0
+    assert len([o for o in plan.apply if o["kind"] == "Pod"]) == 4
+
+
+def test_deadline_fails_the_job() -> None:
+    world = World(job(activeDeadlineSeconds=60))
+    world.settle()
+    world.run()
+    world.reconcile()
+    assert world.reconcile().requeue_after == 60
+    world.advance(61)
+    world.reconcile()
+    assert world.status["reason"] == "DeadlineExceeded"
+
+
+def test_spec_that_cannot_be_planned_fails_with_the_field_named() -> None:
+    spec = {"checkpoint": {"volumeName": "missing"}}
+    world = World(job(**spec))
+    plan = world.reconcile()
+    assert plan.apply == ()
+    assert world.status["phase"] == "Failed"
+    assert world.status["reason"] == "InvalidSpec"
+    assert world.status["message"].startswith("spec.checkpoint.volumeName:")
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    policy = job(failurePolicy={"backoffSeconds": 10, "maxBackoffSeconds": 35}).spec.failure_policy
+    assert [backoff_seconds(policy, n) for n in range(5)] == [0, 10, 20, 35, 35]
+
+
+def test_podgroup_comes_before_pods() -> None:
+    world = World(job(gpus={"count": 2}, gang={"scheduler": "scheduler-plugins"}))
+    plan = world.plan()
+    assert [obj["kind"] for obj in plan.apply] == ["PodGroup", "Service", "Pod"]
+    world.carry_out(plan)
+    plan = world.reconcile()
+    assert [obj["metadata"]["name"] for obj in plan.apply] == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+
+
+def test_deleting_children_never_resets_the_budget() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.terminate("demo-worker-0", 1)
+    world.reconcile()
+    assert world.status["restarts"] == 1
+    for name in list(world.pods):
+        world.delete_pod(name)
+    world.reconcile()
+    assert world.status["restarts"] == 1

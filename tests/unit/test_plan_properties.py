@@ -1,0 +1,207 @@
+"""Property tests of the planner's invariants over generated specs and event sequences."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from phalanx.reconcile import naming
+from tests.unit.crd_validation import validate
+from tests.unit.jobs import job, manifest
+from tests.unit.simulation import World
+
+NCCL_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> dict[str, Any]:
+    """Spec overrides the schema accepts."""
+    low = draw(st.integers(1, 6))
+    high = draw(st.integers(low, 8))
+    wanted = draw(st.integers(low, high))
+    gpus = draw(st.sampled_from([0, 0, 1, 2, 8]))
+    spec: dict[str, Any] = {"workers": {"min": low, "max": high, "desired": wanted}, "gpus": {"count": gpus}}
+    if gpus:
+        spec["backend"] = draw(st.sampled_from(["auto", "nccl"]))
+        profile = draw(st.sampled_from(["auto", "tcp", "infiniband", "efa"]))
+        network: dict[str, Any] = {"profile": profile}
+        if profile in ("infiniband", "efa") or draw(st.booleans()):
+            network["rdma"] = {"resource": "rdma/hca", "count": draw(st.integers(1, 2))}
+            if draw(st.booleans()):
+                network["hcas"] = ["mlx5_0", "mlx5_1"]
+        spec["network"] = network
+        if draw(st.booleans()):
+            spec["procsPerWorker"] = draw(st.integers(1, gpus))
+    else:
+        spec["backend"] = draw(st.sampled_from(["auto", "gloo"]))
+        if draw(st.booleans()):
+            spec["procsPerWorker"] = draw(st.integers(1, 4))
+    gang = draw(st.sampled_from(["none", "scheduler-plugins", "volcano", "kueue"]))
+    spec["gang"] = {"scheduler": gang}
+    if gang in ("volcano", "kueue"):
+        spec["gang"]["queue"] = "research"
+    if draw(st.booleans()):
+        spec["checkpoint"] = {"claimName": "ckpt", "keep": draw(st.integers(1, 5))}
+    return spec
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+    return {var["name"]: var.get("value", "") for var in container["env"]}
+
+
+def started(spec: dict[str, Any]) -> World:
+    world = World(job(**spec))
+    world.reconcile()
+    if spec["gang"]["scheduler"] in ("scheduler-plugins", "volcano"):
+        world.reconcile()  # workers follow once the PodGroup exists
+    return world
+
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(specs())
+def test_generated_specs_are_valid(spec: dict[str, Any]) -> None:
+    assert validate(manifest(**spec)) == []
+
+
+@FAST
+@given(specs())
+def test_names_and_indices_are_unique_and_deterministic(spec: dict[str, Any]) -> None:
+    first, second = started(spec), started(spec)
+    assert first.pods.keys() == second.pods.keys()
+    assert [p["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION] for p in first.pods.values()] == [
+        p["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION] for p in second.pods.values()
+    ]
+    indices = [int(p["metadata"]["labels"][naming.WORKER_INDEX_LABEL]) for p in first.workers()]
+    assert sorted(indices) == list(range(spec["workers"]["desired"]))
+    assert [env_of(p)["PHALANX_WORKER_INDEX"] for p in first.workers()] == [str(i) for i in sorted(indices)]
+
+
+@FAST
+@given(specs())
+def test_world_size_stays_within_min_and_max(spec: dict[str, Any]) -> None:
+    world = started(spec)
+    low, high = spec["workers"]["min"], spec["workers"]["max"]
+    assert low <= len(world.workers()) <= high
+    for pod in world.workers():
+        assert env_of(pod)["PET_NNODES"] == f"{low}:{high}"
+
+
+@FAST
+@given(specs())
+def test_every_worker_environment_matches_the_spec(spec: dict[str, Any]) -> None:
+    world = started(spec)
+    gpus = spec["gpus"]["count"]
+    procs = spec.get("procsPerWorker") or (gpus or 1)
+    for pod in world.workers():
+        env = env_of(pod)
+        backend = "nccl" if gpus else "gloo"
+        assert env["PHALANX_BACKEND"] == backend
+        assert env["PET_NPROC_PER_NODE"] == str(procs)
+        assert env["PET_RDZV_ENDPOINT"] == "demo-rdzv.ml.svc:29400"
+        assert env["PET_RDZV_ID"].endswith("-0")
+        assert "is_host=false" in env["PET_RDZV_CONF"]
+        assert "NCCL_IB_GID_INDEX" not in env
+        has_nccl = any(name.startswith(NCCL_PREFIXES) for name in env)
+        assert has_nccl == (backend == "nccl")
+        if backend == "nccl":
+            assert env.get("NCCL_NET") in ("IB", "Socket") or env.get("FI_PROVIDER") == "efa"
+        trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+        limits = trainer["resources"].get("limits", {})
+        assert limits.get("nvidia.com/gpu") == (str(gpus) if gpus else None)
+        assert ("PHALANX_CHECKPOINT_DIR" in env) == ("checkpoint" in spec)
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == "5f1c0d2e-aaaa-bbbb-cccc-000000000001"
+
+
+@FAST
+@given(specs())
+def test_planning_against_its_own_result_changes_nothing(spec: dict[str, Any]) -> None:
+    world = started(spec)
+    assert not world.reconcile().changes_children
+    world.run()
+    world.reconcile()
+    assert not world.reconcile().changes_children
+
+
+@FAST
+@given(specs(), st.integers(0, 20), st.integers(0, 3600), st.integers(1, 100000))
+def test_spec_change_that_needs_no_pod_change_makes_none(
+    spec: dict[str, Any], restarts: int, ttl: int, deadline: int
+) -> None:
+    world = started(spec)
+    world.run()
+    world.reconcile()
+    world.body["spec"]["failurePolicy"]["maxRestarts"] = restarts
+    world.body["spec"]["ttlSecondsAfterFinished"] = ttl
+    world.body["spec"]["activeDeadlineSeconds"] = deadline
+    world.body["metadata"]["generation"] = 2
+    plan = world.reconcile()
+    assert not plan.changes_children
+    assert world.status["observedGeneration"] == 2
+
+
+ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["run", "fail", "oom", "evict", "delete", "succeed", "scale", "wait", "lose-node"]),
+        st.integers(0, 7),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs(), ACTIONS)
+def test_invariants_hold_through_any_sequence_of_events(spec: dict[str, Any], actions: list[tuple[str, int]]) -> None:
+    world = started(spec)
+    low, high = spec["workers"]["min"], spec["workers"]["max"]
+    restarts = attempt = 0
+    for action, number in actions:
+        workers = [p for p in world.workers(world.status["attempt"]) if not p["metadata"].get("deletionTimestamp")]
+        target = workers[number % len(workers)]["metadata"]["name"] if workers else None
+        if action == "run":
+            world.run()
+        elif action in ("fail", "oom", "succeed") and target:
+            world.run(target)
+            world.terminate(
+                target, {"fail": 1, "oom": 137, "succeed": 0}[action], "OOMKilled" if action == "oom" else "Error"
+            )
+        elif action == "evict" and target:
+            world.run(target)
+            world.disrupt(target)
+        elif action == "delete" and target:
+            world.delete_pod(target)
+        elif action == "scale":
+            world.body["spec"]["workers"]["desired"] = low + number % (high - low + 1)
+        elif action == "wait":
+            world.advance(60 * number)
+            world.finish_terminating()
+        elif action == "lose-node" and target:
+            world.run(target, node=f"node-{number}")
+            world.unready_nodes.add(world.pods[target]["spec"]["nodeName"])
+        world.reconcile()
+        status = world.status
+        assert status["restarts"] >= restarts and status["attempt"] >= attempt
+        restarts, attempt = status["restarts"], status["attempt"]
+        live = [p for p in world.workers(attempt) if p["status"].get("phase") not in ("Succeeded", "Failed")]
+        assert len(live) <= high
+        indices = [p["metadata"]["labels"][naming.WORKER_INDEX_LABEL] for p in world.workers()]
+        assert len(indices) == len(set(indices))
+        assert status["phase"] in (
+            "Pending",
+            "Starting",
+            "Running",
+            "Rescaling",
+            "Restarting",
+            "Succeeded",
+            "Failed",
+            "Suspended",
+        )
+        if status["phase"] == "Failed":
+            assert {c["type"]: c["status"] for c in status["conditions"]}["Stalled"] == "True"
+        if status["phase"] in ("Succeeded", "Failed"):
+            break
