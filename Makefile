@@ -3,7 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv lint typecheck unit test crd clean
+# torch is big: its wheels are fetched once into a cache and installed from there ever after.
+CACHE ?= $(or $(PHALANX_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/phalanx)
+WHEELS := $(CACHE)/wheels
+TORCH ?= torch==2.13.0
+
+.PHONY: venv torch binaries lint typecheck unit integration test crd clean
 
 $(BIN)/phalanx: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,21 +18,33 @@ $(BIN)/phalanx: pyproject.toml
 
 venv: $(BIN)/phalanx
 
+torch: venv  ## torch for the worker tests, from the wheel cache (downloaded once)
+	@$(BIN)/python -c "import torch, numpy" 2>/dev/null || \
+	  $(BIN)/pip install --quiet --no-index --find-links $(WHEELS) $(TORCH) numpy 2>/dev/null || \
+	  { mkdir -p $(WHEELS) && $(BIN)/pip download --quiet --dest $(WHEELS) $(TORCH) numpy && \
+	    $(BIN)/pip install --quiet --no-index --find-links $(WHEELS) $(TORCH) numpy; }
+
 crd: venv  ## regenerate crds/ and docs/api.md from the API models
 	$(BIN)/phalanx crd
 	$(BIN)/phalanx docs
+
+binaries:  ## Kubernetes, etcd, KWOK, CoreDNS, helm built from Go modules (cached by version)
+	tests/cluster/build-binaries.sh
 
 lint: venv
 	$(BIN)/ruff check operator tests
 	$(BIN)/ruff format --check operator tests
 
-typecheck: venv
+typecheck: torch
 	$(BIN)/mypy
 
-unit: venv
+unit: torch
 	$(BIN)/pytest tests/unit
 
-test: lint typecheck  ## everything CI runs
+integration: torch binaries
+	$(BIN)/pytest tests/integration
+
+test: lint typecheck binaries  ## everything CI runs
 	$(BIN)/pytest tests
 
 clean:

@@ -17,6 +17,9 @@ def _crd(args: argparse.Namespace) -> int:
         return 0
     path = crd.write(Path(args.output_dir))
     print(f"wrote {path}")
+    templates = Path(args.chart_dir) / "templates"
+    if templates.is_dir():
+        print(f"wrote {crd.write_chart_template(templates)}")
     return 0
 
 
@@ -27,10 +30,10 @@ def _docs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
+def _run(kopf_args: list[str]) -> int:
     from kopf.cli import main as kopf_main
 
-    kopf_main(["run", "-m", "phalanx.handlers", *args.kopf_args])
+    kopf_main(["run", "-m", "phalanx.handlers", *kopf_args], standalone_mode=False)
     return 0
 
 
@@ -41,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     crd = commands.add_parser("crd", help="write the TrainingJob CRD generated from the API models")
     crd.add_argument("--output-dir", default="crds", help="directory to write into (default: crds)")
     crd.add_argument("--stdout", action="store_true", help="print the CRD instead of writing a file")
+    crd.add_argument("--chart-dir", default="charts/phalanx", help="also write the chart's CRD template here")
     crd.set_defaults(func=_crd)
     docs = commands.add_parser("docs", help="write the API reference generated from the API models")
     docs.add_argument("--output-dir", default="docs", help="directory to write into (default: docs)")
@@ -54,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(func=_run)
     version = commands.add_parser("version", help="print the version")
     version.set_defaults(func=lambda _: print(__version__) or 0)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:
+        return _run(argv[1:])
     args = parser.parse_args(argv)
     return int(args.func(args))
 

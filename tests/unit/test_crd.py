@@ -51,7 +51,13 @@ def test_defaults_live_in_the_schema() -> None:
     assert spec["backend"]["default"] == "auto"
     assert spec["gpus"]["properties"]["resource"]["default"] == "nvidia.com/gpu"
     assert spec["rendezvous"]["properties"]["port"]["default"] == 29400
-    assert spec["failurePolicy"]["default"] == {}
+    assert spec["failurePolicy"]["default"] == {
+        "maxRestarts": 3,
+        "backoffSeconds": 10,
+        "maxBackoffSeconds": 600,
+        "workerRestarts": 3,
+    }
+    assert spec["gang"]["default"] == {"scheduler": "none"}
     assert spec["workers"]["properties"]["min"]["default"] == 1
 
 
@@ -89,3 +95,8 @@ def test_api_reference_is_current() -> None:
     assert (ROOT / "docs" / reference.REFERENCE_FILE).read_text() == reference.render(), (
         "docs/api.md is stale: run `phalanx docs`"
     )
+
+
+def test_chart_crd_template_is_current() -> None:
+    template = ROOT / "charts" / "phalanx" / "templates" / crd.CHART_TEMPLATE
+    assert template.read_text() == crd.render_chart_template(), "chart CRD is stale: run `phalanx crd`"

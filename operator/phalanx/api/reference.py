@@ -60,7 +60,7 @@ def render() -> str:
         "| where | rule | message |",
         "|---|---|---|",
     ]
-    for where, rule in [(".", r) for r in schema["x-kubernetes-validations"]] + spec_rules:
+    for where, rule in spec_rules:
         message = rule.get("message") or f"(computed) `{rule.get('messageExpression', '')}`"
         field = where + rule.get("fieldPath", "")
         text = rule["rule"].replace("|", PIPE)

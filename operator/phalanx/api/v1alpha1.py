@@ -86,17 +86,11 @@ class Workers(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                cel(
-                    "self.min <= self.max",
-                    field_path=".min",
-                    message_expression="'min (' + string(self.min) + ') must not exceed max ('"
-                    " + string(self.max) + ')'",
-                ),
+                cel("self.min <= self.max", "min must not exceed max", field_path=".min"),
                 cel(
                     "self.desired >= self.min && self.desired <= self.max",
+                    "desired must lie within [min, max]",
                     field_path=".desired",
-                    message_expression="'desired (' + string(self.desired) + ') must lie within [min, max] = ['"
-                    " + string(self.min) + ', ' + string(self.max) + ']'",
                 ),
             ]
         }
@@ -196,6 +190,7 @@ class Network(ApiModel):
 
     env: dict[str, str] | None = Field(
         default=None,
+        max_length=64,
         json_schema_extra={"x-kubernetes-validations": [cel(ENV_NAME_RULE, "keys must be environment variable names")]},
     )
     """Extra variables for the communication stack (NCCL_DEBUG=INFO, NCCL_IB_TC, ...). They are

@@ -7,6 +7,7 @@ No change handlers: event handlers cost no PATCH on the pod.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import kopf
@@ -48,7 +49,6 @@ async def volcano_pod_group_event(event: kopf.RawEvent, memo: kopf.Memo, **_: An
     _child_event(memo, event)
 
 
-@kopf.on.event("", "v1", "nodes", id="node-events")
 async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     """A node's readiness changed: wake the jobs with pods on it (instead of waiting for eviction)."""
     runtime: Runtime = memo.runtime
@@ -56,3 +56,9 @@ async def node_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     if runtime.nodes.observe(event["type"], body):
         for key in runtime.children.jobs_on_node(body["metadata"]["name"]):
             runtime.queue.enqueue(key)
+
+
+# Watching nodes is cluster-scoped; a namespaced install may leave it off (PHALANX_WATCH_NODES=0)
+# and then learns of lost nodes only through pod conditions and evictions.
+if os.environ.get("PHALANX_WATCH_NODES", "1") != "0":
+    kopf.on.event("", "v1", "nodes", id="node-events")(node_event)

@@ -17,9 +17,10 @@ from phalanx.reconcile import naming
 
 logger = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = int(os.environ.get("PHALANX_MAX_IN_FLIGHT", "16"))
-WORKERS = int(os.environ.get("PHALANX_RECONCILE_WORKERS", "8"))
-METRICS_PORT = int(os.environ.get("PHALANX_METRICS_PORT", "8000"))
+
+def _setting(name: str, default: int) -> int:
+    """Operator settings come from the environment (the chart sets them), read at start-up."""
+    return int(os.environ.get(name, str(default)))
 
 
 def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
@@ -39,6 +40,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     settings.posting.reporting_component = "phalanx"
     settings.posting.enabled = False  # we post our own events, with our own reasons
+    settings.scanning.disabled = True  # least privilege: no watch on CRDs or namespaces
+    # Event handlers run for every watched pod change; their per-event success lines are noise.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # Only our children cross the wire: filter pods and services on the server.
     for resource in (
         ("", "v1", "pods"),
@@ -48,19 +52,20 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     ):
         settings.watching.label_selectors[resource] = naming.JOB_NAME_LABEL
 
-    client = ApiClient(credentials_from(_login(settings)), max_in_flight=MAX_IN_FLIGHT)
+    client = ApiClient(credentials_from(_login(settings)), max_in_flight=_setting("PHALANX_MAX_IN_FLIGHT", 16))
     runtime: Runtime | None = None
 
     async def handle(key: tuple[str, str]) -> float | None:
         assert runtime is not None
         return await trainingjob.reconcile(runtime, key)
 
-    runtime = Runtime(client=client, queue=WorkQueue(handle, workers=WORKERS))
+    runtime = Runtime(client=client, queue=WorkQueue(handle, workers=_setting("PHALANX_RECONCILE_WORKERS", 8)))
     runtime.queue.start()
     memo.runtime = runtime
-    if METRICS_PORT:
-        start_http_server(METRICS_PORT)
-        logger.info("metrics on :%d/metrics", METRICS_PORT)
+    metrics_port = _setting("PHALANX_METRICS_PORT", 8000)
+    if metrics_port:
+        start_http_server(metrics_port)
+        logger.info("metrics on :%d/metrics", metrics_port)
 
 
 @kopf.on.cleanup(id="phalanx-cleanup")

@@ -1,0 +1,153 @@
+"""A training session inside a worker: process group, resume, periodic and final checkpoints.
+
+Typical use in a training script launched by torchrun::
+
+    with TrainingSession() as session:
+        state = {"model": model, "optimizer": optimizer, "progress": session.progress}
+        for step in session.steps(total_steps, state):
+            train_one_step()
+
+``steps`` resumes from the latest complete checkpoint, saves every ``checkpoint_every`` steps,
+and stops cleanly on SIGTERM: a saving is collective, so the signalled rank cannot save alone.
+Every step the ranks agree through a one-element all-reduce whether anyone was asked to stop;
+if so, all of them save a final checkpoint together. The signalled ranks then exit with 143
+(a deliberate non-zero, so a stopping worker is never mistaken for a finished job); the others
+carry on, and torchrun re-forms the world without the departed worker, resuming from that save.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from types import FrameType, TracebackType
+from typing import Any
+
+from phalanx.worker.backend import choose_backend
+from phalanx.worker.checkpoint import CheckpointStore
+
+STOPPED_BY_SIGNAL = 143
+
+
+class Progress:
+    """Training progress saved with every checkpoint (global, so it survives a world-size change)."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.samples = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "samples": self.samples}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        self.samples = int(state["samples"])
+
+
+class TrainingSession:
+    """Process group, checkpoint store and stop protocol for one torchrun worker process."""
+
+    def __init__(
+        self, *, checkpoint_every: int = 50, store: CheckpointStore | None = None, backend: str | None = None
+    ) -> None:
+        self.checkpoint_every = checkpoint_every
+        self.store = store if store is not None else CheckpointStore.from_environment()
+        self.backend = backend or choose_backend()
+        self.progress = Progress()
+        self.resumed_from: int | None = None
+        self._last_saved: int | None = None
+        self._signalled = False
+        self._previous_handler: Any = None
+
+    # -- process group -------------------------------------------------------------------------
+
+    def __enter__(self) -> TrainingSession:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend=self.backend)
+        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        import torch.distributed as dist
+
+        signal.signal(signal.SIGTERM, self._previous_handler or signal.SIG_DFL)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self._signalled = True
+
+    @property
+    def rank(self) -> int:
+        import torch.distributed as dist
+
+        return int(dist.get_rank())
+
+    @property
+    def world_size(self) -> int:
+        import torch.distributed as dist
+
+        return int(dist.get_world_size())
+
+    # -- the protocol ----------------------------------------------------------------------------
+
+    def stop_agreed(self) -> bool:
+        """Collective: True on every rank when any rank was asked to stop."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1.0 if self._signalled else 0.0])
+        if self.backend == "nccl":
+            flag = flag.cuda()
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item() > 0)
+
+    def resume(self, state: dict[str, Any]) -> int:
+        """Collective: load the newest complete checkpoint into ``state``; returns the step to start at."""
+        import torch
+        import torch.distributed as dist
+
+        if self.store is None:
+            return self.progress.step
+        # One reader decides and tells the others: shared filesystems may lag between nodes.
+        latest = self.store.latest() if self.rank == 0 else None
+        choice = torch.tensor([latest.step if latest is not None else -1], dtype=torch.int64)
+        if self.backend == "nccl":
+            choice = choice.cuda()
+        dist.broadcast(choice, src=0)
+        step = int(choice.item())
+        if step >= 0:
+            self.store.load(state, self.store.at(step))
+            self.resumed_from = self._last_saved = step
+        return self.progress.step
+
+    def save(self, state: dict[str, Any]) -> None:
+        """Collective: commit a checkpoint of ``state`` at the current step."""
+        if self.store is not None:
+            self.store.save(state, self.progress.step, {"samples": self.progress.samples})
+            self._last_saved = self.progress.step
+
+    def steps(self, total: int, state: dict[str, Any], *, samples_per_step: int = 0) -> Iterator[int]:
+        """Yield step numbers from the resumed step to ``total``, saving and stopping as agreed."""
+        state.setdefault("progress", self.progress)
+        start = self.resume(state)
+        for step in range(start + 1, total + 1):
+            yield step
+            self.progress.step = step
+            self.progress.samples += samples_per_step
+            if self.stop_agreed():
+                self.save(state)
+                if self._signalled:
+                    sys.stdout.flush()
+                    os._exit(STOPPED_BY_SIGNAL)
+                self._signalled = False
+                continue
+            if self.store is not None and step % self.checkpoint_every == 0:
+                self.save(state)
+        if self._last_saved != self.progress.step:  # every rank knows this alike: no filesystem race
+            self.save(state)

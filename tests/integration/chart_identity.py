@@ -1,0 +1,75 @@
+"""Run the operator with the identity the Helm chart gives it: its ServiceAccount and RBAC rules.
+
+The chart is rendered with ``helm template`` (helm built from its Go module like the cluster
+binaries), its ServiceAccount and RBAC objects are applied, and the operator gets a kubeconfig
+holding a token of that ServiceAccount. A verb missing from the chart then fails the test.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import yaml
+
+from tests.cluster import binaries
+from tests.cluster.kube import Kubectl
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "phalanx"
+IDENTITY_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+def helm() -> pathlib.Path:
+    return binaries.ensure_binaries(["helm"])["helm"]
+
+
+def render(release: str, namespace: str, *values: str) -> list[dict[str, Any]]:
+    """``helm template`` with ``--set`` values; returns the rendered objects."""
+    command = [str(helm()), "template", release, str(CHART), f"--namespace={namespace}"]
+    for value in values:
+        command += ["--set", value]
+    rendered = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+def _token_kubeconfig(admin: pathlib.Path, token: str, path: pathlib.Path) -> pathlib.Path:
+    config = yaml.safe_load(admin.read_text())
+    context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
+    cluster = next(c for c in config["clusters"] if c["name"] == context["cluster"])
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": "phalanx-operator", "user": {"token": token}}],
+                "contexts": [{"name": "operator", "context": {"cluster": cluster["name"], "user": "phalanx-operator"}}],
+                "current-context": "operator",
+            }
+        )
+    )
+    path.chmod(0o600)
+    return path
+
+
+@contextmanager
+def chart_identity(
+    kubectl: Kubectl, admin: pathlib.Path, namespace: str, release: str, directory: pathlib.Path
+) -> Iterator[pathlib.Path]:
+    """Apply the chart's identity for a namespaced install serving ``namespace``; yield its kubeconfig."""
+    objects = [
+        obj for obj in render(release, namespace, f"watchNamespaces={{{namespace}}}") if obj["kind"] in IDENTITY_KINDS
+    ]
+    kubectl.apply(objects, namespace=namespace)
+    try:
+        account = next(obj for obj in objects if obj["kind"] == "ServiceAccount")["metadata"]["name"]
+        token = kubectl.run("create", "token", account, f"--namespace={namespace}", "--duration=2h").stdout.strip()
+        yield _token_kubeconfig(admin, token, directory / "operator.kubeconfig")
+    finally:
+        for obj in objects:
+            if obj["kind"].startswith("Cluster"):
+                kubectl.delete(obj["kind"].lower(), obj["metadata"]["name"], wait=False)

@@ -1,0 +1,212 @@
+"""Fixtures for the integration tier: a real control plane with KWOK fake GPU nodes.
+
+- ``cluster`` (session): a LocalCluster started once per session, or the cluster named by
+  $KUBECONFIG when that one answers: a LocalCluster started with ``localcluster up`` is reused with
+  its KWOK helpers (and left running); any other cluster (the kind path) is used without KWOK.
+  Whatever this session started is always stopped: fixture finalizer, atexit, SIGTERM/SIGHUP.
+- ``kubectl`` (session): a small kubectl wrapper (tests/cluster/kube.py) with admin credentials.
+- ``kubeconfig`` (session): path of the admin kubeconfig.
+- ``kube_env`` (function): sets $KUBECONFIG for the test (for kopf / the operator in-process).
+- ``api_config`` (session): server URL, CA, client cert/key paths for an aiohttp/ssl client.
+- ``namespace`` (function): a fresh namespace with its default ServiceAccount; deleted afterwards.
+- ``kwok_cluster`` (session): ``cluster``, skipping the test when KWOK is not available.
+- ``crds`` (session): the TrainingJob CRD (from crds/) and the PodGroup stand-ins, installed once.
+- ``operator`` (function): ``phalanx run`` as a subprocess watching the test's namespace.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from phalanx.api import crd
+from tests.cluster.kube import Kubectl, find_kubectl
+from tests.cluster.localcluster import STATE_FILE, LocalCluster
+from tests.integration.chart_identity import chart_identity
+from tests.integration.operator_process import OperatorProcess
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class ExternalCluster:
+    """A cluster we did not start (KUBECONFIG): nothing to stop, no KWOK."""
+
+    kwok_enabled = False
+
+    def __init__(self, kubeconfig: pathlib.Path):
+        self.kubeconfig = kubeconfig
+        self.state_dir = None
+        self.server = ""
+
+    def add_gpu_nodes(self, *args: Any, **kwargs: Any) -> list[str]:
+        pytest.skip("KWOK nodes need the local cluster (unset KUBECONFIG)")
+
+    def stop(self) -> None:
+        pass
+
+
+def _external_kubeconfig() -> pathlib.Path | None:
+    env = os.environ.get("KUBECONFIG")
+    if not env:
+        return None
+    path = pathlib.Path(env.split(os.pathsep)[0])
+    if not path.is_file():
+        return None
+    try:
+        proc = subprocess.run(
+            [str(find_kubectl()), f"--kubeconfig={path}", "--request-timeout=5s", "get", "--raw", "/readyz"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return path if proc.returncode == 0 else None
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LocalCluster | ExternalCluster]:
+    external = _external_kubeconfig()
+    if external is not None:
+        if (external.parent / STATE_FILE).exists() and external.name == "admin.kubeconfig":
+            # a LocalCluster started by `python -m tests.cluster.localcluster up`: reuse it with its
+            # KWOK helpers, and leave it running
+            yield LocalCluster.from_state_dir(external.parent)
+        else:
+            yield ExternalCluster(external)
+        return
+
+    c = LocalCluster(kwok=True)
+    stopped = False
+
+    def stop_once() -> None:
+        nonlocal stopped
+        if not stopped:
+            stopped = True
+            c.stop()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop_once()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    previous = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not in the main thread
+            previous[sig] = signal.signal(sig, on_signal)
+    atexit.register(stop_once)
+    try:
+        c.start()  # stops what it started itself if start-up fails
+        yield c
+    finally:
+        stop_once()
+        atexit.unregister(stop_once)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@pytest.fixture(scope="session")
+def kwok_cluster(cluster: LocalCluster | ExternalCluster) -> LocalCluster:
+    if not isinstance(cluster, LocalCluster) or not cluster.kwok_enabled:
+        pytest.skip("needs the local cluster with KWOK")
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(cluster: LocalCluster | ExternalCluster) -> pathlib.Path:
+    return pathlib.Path(cluster.kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def kubectl(kubeconfig: pathlib.Path) -> Kubectl:
+    return Kubectl(kubeconfig)
+
+
+@pytest.fixture
+def kube_env(kubeconfig: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    return kubeconfig
+
+
+@pytest.fixture(scope="session")
+def api_config(cluster: LocalCluster | ExternalCluster) -> dict[str, Any]:
+    """Connection settings for a hand-made client (aiohttp + ssl); local cluster only."""
+    if not isinstance(cluster, LocalCluster):
+        pytest.skip("api_config is only available for the local cluster; use kubeconfig")
+    return {
+        "server": cluster.server,
+        "ca_cert": str(cluster.ca_cert),
+        "client_cert": str(cluster.admin_cert),
+        "client_key": str(cluster.admin_key),
+        "kubeconfig": str(cluster.kubeconfig),
+        "ssl_context": cluster.ssl_context(),
+    }
+
+
+def _namespace_name(node_name: str) -> str:
+    base = re.sub(r"[^a-z0-9-]+", "-", node_name.lower()).strip("-")[:40].strip("-") or "test"
+    return f"t-{base}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = _namespace_name(request.node.name)
+    kubectl.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": {"phalanx.dev/test": "true"}},
+        }
+    )
+    try:
+        kubectl.wait_for(
+            lambda: kubectl.get("serviceaccount", "default", name),
+            timeout=30,
+            what=f"serviceaccount {name}/default",
+        )
+        yield name
+    finally:
+        with contextlib.suppress(Exception):
+            kubectl.delete("namespace", name, wait=False)
+
+
+CRD_FILES = [ROOT / "crds" / crd.CRD_FILE, *sorted((ROOT / "tests" / "fixtures" / "crds").glob("*.yaml"))]
+
+
+@pytest.fixture(scope="session")
+def crds(kubectl: Kubectl) -> list[str]:
+    """Install (server-side apply) our CRD and the PodGroup stand-ins once per session."""
+    names = []
+    for path in CRD_FILES:
+        body = yaml.safe_load(path.read_text())
+        kubectl.apply(body)
+        names.append(body["metadata"]["name"])
+    for name in names:
+        kubectl.run("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    return names
+
+
+@pytest.fixture
+def operator(
+    crds: list[str], kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path
+) -> Iterator[OperatorProcess]:
+    """The operator as a subprocess serving the test's namespace, under the Helm chart's
+    ServiceAccount and RBAC (a verb missing from the chart fails the test); its log on failure."""
+    release = f"phx-{uuid.uuid4().hex[:6]}"
+    with chart_identity(kubectl, kubeconfig, namespace, release, tmp_path) as identity:
+        process = OperatorProcess(identity, tmp_path / "operator.log", namespace=namespace)
+        with process:
+            yield process
+        print(f"--- operator log (tail) ---\n{process.log_tail(80)}")

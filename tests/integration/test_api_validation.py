@@ -1,0 +1,99 @@
+"""The real API server accepts the CRD and every example, and refuses bad manifests with the field
+and the reason (one case per CEL rule and per schema bound; the cases are the unit tier's tables)."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.kube import Kubectl, KubectlError
+from tests.unit.jobs import manifest
+from tests.unit.test_cel_rules import IMMUTABLE, REFUSED, SCHEMA_BOUNDS
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+def submit(kubectl: Kubectl, body: dict[str, Any], namespace: str) -> str:
+    """Create the object; return the API server's refusal message ('' when accepted)."""
+    body = copy.deepcopy(body)
+    body["metadata"] = {"name": body["metadata"]["name"]}
+    try:
+        kubectl.create(body, namespace=namespace)
+    except KubectlError as error:
+        return error.stderr
+    return ""
+
+
+def test_crd_is_established_with_printer_columns(kubectl: Kubectl, crds: list[str]) -> None:
+    got = kubectl.get("crd", "trainingjobs.phalanx.dev")
+    assert got is not None
+    version = got["spec"]["versions"][0]
+    assert [c["name"] for c in version["additionalPrinterColumns"]][:4] == ["Phase", "Workers", "Restarts", "Age"]
+    assert any(c["type"] == "Established" and c["status"] == "True" for c in got["status"]["conditions"])
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_is_accepted(kubectl: Kubectl, crds: list[str], namespace: str, example: pathlib.Path) -> None:
+    body = yaml.safe_load(example.read_text())
+    assert submit(kubectl, body, namespace) == ""
+    stored = kubectl.get("tj", body["metadata"]["name"], namespace)
+    assert stored is not None
+    assert stored["spec"]["rendezvous"]["port"] == 29400  # schema defaults were applied
+
+
+@pytest.mark.parametrize(("case", "spec", "path", "message"), REFUSED, ids=[c[0] for c in REFUSED])
+def test_cel_rules_are_enforced_by_the_api_server(
+    kubectl: Kubectl, crds: list[str], namespace: str, case: str, spec: dict[str, Any], path: str, message: str
+) -> None:
+    refusal = submit(kubectl, manifest(**spec), namespace)
+    assert path.lstrip(".") in refusal, refusal
+    assert message in refusal, refusal
+
+
+@pytest.mark.parametrize(("case", "spec", "path"), SCHEMA_BOUNDS, ids=[c[0] for c in SCHEMA_BOUNDS])
+def test_schema_bounds_are_enforced_by_the_api_server(
+    kubectl: Kubectl, crds: list[str], namespace: str, case: str, spec: dict[str, Any], path: str
+) -> None:
+    refusal = submit(kubectl, manifest(**spec), namespace)
+    assert refusal, f"{case} was accepted"
+    assert path in refusal, refusal
+
+
+@pytest.mark.parametrize(("field", "change"), IMMUTABLE, ids=[c[0] for c in IMMUTABLE])
+def test_immutable_fields_cannot_change(
+    kubectl: Kubectl, crds: list[str], namespace: str, field: str, change: Any
+) -> None:
+    body = manifest()
+    assert submit(kubectl, body, namespace) == ""
+    changed = copy.deepcopy(body)
+    change(changed["spec"])
+    changed["metadata"] = {"name": body["metadata"]["name"], "namespace": namespace}
+    current = kubectl.get("tj", body["metadata"]["name"], namespace)
+    assert current is not None
+    changed["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+    with pytest.raises(KubectlError) as refused:
+        kubectl.run("replace", f"--namespace={namespace}", "-f", "-", input=yaml.safe_dump(changed))
+    assert "immutable" in refused.value.stderr
+    assert f"spec.{field.split('.', maxsplit=1)[0]}" in refused.value.stderr
+
+
+def test_scale_subresource_moves_desired_within_bounds(kubectl: Kubectl, crds: list[str], namespace: str) -> None:
+    assert submit(kubectl, manifest(), namespace) == ""
+    kubectl.run("scale", "tj/demo", "--replicas=4", f"--namespace={namespace}")
+    stored = kubectl.get("tj", "demo", namespace)
+    assert stored is not None and stored["spec"]["workers"]["desired"] == 4
+    with pytest.raises(KubectlError) as refused:
+        kubectl.run("scale", "tj/demo", "--replicas=9", f"--namespace={namespace}")
+    assert "must lie within [min, max]" in refused.value.stderr
+
+
+def test_name_too_long_is_refused(kubectl: Kubectl, crds: list[str], namespace: str) -> None:
+    body = manifest()
+    body["metadata"]["name"] = "a" * 51
+    assert "metadata.name" in submit(kubectl, body, namespace)

@@ -1,0 +1,202 @@
+"""The operator against the real control plane with simulated GPU nodes (KWOK)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import pytest
+
+from phalanx.reconcile import naming
+from tests.cluster.kube import Kubectl
+from tests.integration.operator_process import OperatorProcess
+from tests.unit.jobs import manifest
+
+pytestmark = pytest.mark.integration
+
+GPU_JOB = {
+    "workers": {"min": 2, "max": 4, "desired": 3},
+    "gpus": {"count": 4},
+    "template": {
+        "spec": {
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "example/train:1",
+                    "command": ["torchrun"],
+                    "args": ["train.py"],
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "4", "memory": "4Gi"}},
+                }
+            ]
+        }
+    },
+}
+
+
+def create(kubectl: Kubectl, namespace: str, name: str = "demo", **spec: Any) -> dict[str, Any]:
+    body = manifest(**copy.deepcopy(spec))
+    body["metadata"] = {"name": name}
+    kubectl.create(body, namespace=namespace)
+    return body
+
+
+def job_status(kubectl: Kubectl, namespace: str, name: str = "demo") -> dict[str, Any]:
+    got = kubectl.get("tj", name, namespace)
+    return (got or {}).get("status") or {}
+
+
+def wait_phase(kubectl: Kubectl, namespace: str, phase: str, name: str = "demo", timeout: float = 60) -> dict[str, Any]:
+    return kubectl.wait_for(
+        lambda: (s := job_status(kubectl, namespace, name)).get("phase") == phase and s,
+        timeout=timeout,
+        what=f"phase {phase}; last status {job_status(kubectl, namespace, name)}",
+    )
+
+
+def workers(kubectl: Kubectl, namespace: str, name: str = "demo") -> list[dict[str, Any]]:
+    return kubectl.list("pods", namespace, f"{naming.JOB_NAME_LABEL}={name},{naming.ROLE_LABEL}=worker")
+
+
+@pytest.fixture(scope="module")
+def gpu_nodes(kwok_cluster: Any) -> list[str]:
+    return list(kwok_cluster.add_gpu_nodes(2, gpus_per_node=8, name_prefix="op-gpu-"))
+
+
+def test_status_is_written_on_the_first_visit_and_children_appear(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, gpu_nodes: list[str]
+) -> None:
+    create(kubectl, namespace, **GPU_JOB)
+    status = kubectl.wait_for(
+        lambda: job_status(kubectl, namespace).get("observedGeneration") == 1, timeout=30, what="first status"
+    )
+    assert status
+    pods = kubectl.wait_for(
+        lambda: len(workers(kubectl, namespace)) == 3 and workers(kubectl, namespace), timeout=30, what="3 worker pods"
+    )
+    job = kubectl.get("tj", "demo", namespace)
+    assert job is not None
+    for pod in pods:
+        labels = pod["metadata"]["labels"]
+        assert labels[naming.JOB_NAME_LABEL] == "demo" and labels[naming.ATTEMPT_LABEL] == "0"
+        owner = pod["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["uid"], owner["controller"]) == ("TrainingJob", job["metadata"]["uid"], True)
+        trainer = pod["spec"]["containers"][0]
+        assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "4"
+        env = {e["name"]: e.get("value") for e in trainer["env"]}
+        assert env["PET_NNODES"] == "2:4" and env["PET_NPROC_PER_NODE"] == "4"
+        assert env["PET_RDZV_ENDPOINT"] == f"demo-rdzv.{namespace}.svc:29400"
+        full = kubectl.json("get", "pod", pod["metadata"]["name"], f"--namespace={namespace}", "--show-managed-fields")
+        assert {entry["manager"] for entry in full["metadata"]["managedFields"]} >= {"phalanx"}
+        assert full["metadata"]["managedFields"][0]["operation"] == "Apply"
+    service = kubectl.get("service", "demo-rdzv", namespace)
+    assert service is not None and service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert kubectl.get("pod", "demo-rdzv", namespace) is not None
+
+
+def test_workers_bind_to_gpu_nodes_by_capacity_and_the_job_runs(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, gpu_nodes: list[str]
+) -> None:
+    create(kubectl, namespace, **GPU_JOB)
+    status = wait_phase(kubectl, namespace, "Running", timeout=60)
+    assert status["workerSummary"] == "3/3"
+    nodes = [pod["spec"]["nodeName"] for pod in workers(kubectl, namespace)]
+    for node in set(nodes):  # the scheduler packed workers by GPU capacity: 4 GPUs each
+        capacity = int(kubectl.get("node", node)["status"]["allocatable"]["nvidia.com/gpu"])  # type: ignore[index]
+        assert 4 * nodes.count(node) <= capacity
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Ready"]["status"] == "True"
+    assert conditions["Reconciling"]["status"] == "False"
+    assert all(c["observedGeneration"] == 1 for c in conditions.values())
+    table = kubectl.run("get", "tj", "demo", f"--namespace={namespace}").stdout.splitlines()
+    assert table[0].split()[:4] == ["NAME", "PHASE", "WORKERS", "RESTARTS"]
+    assert table[1].split()[:4] == ["demo", "Running", "3/3", "0"]
+
+
+def test_more_gpus_than_the_cluster_has_leave_workers_pending_with_the_reason(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, gpu_nodes: list[str]
+) -> None:
+    spec = copy.deepcopy(GPU_JOB)
+    spec["gpus"] = {"count": 16}
+    create(kubectl, namespace, **spec)
+    status = kubectl.wait_for(
+        lambda: (s := job_status(kubectl, namespace)).get("reason") == "Unschedulable" and s,
+        timeout=60,
+        what="Unschedulable",
+    )
+    assert "nvidia.com/gpu" in status["message"]
+
+
+def test_deleting_the_job_garbage_collects_every_child(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, gpu_nodes: list[str]
+) -> None:
+    create(kubectl, namespace, gang={"scheduler": "scheduler-plugins"}, **GPU_JOB)
+    kubectl.wait_for(lambda: len(workers(kubectl, namespace)) == 3, timeout=30, what="workers")
+    assert kubectl.get("podgroups.scheduling.x-k8s.io", "demo", namespace) is not None
+    kubectl.delete("tj", "demo", namespace, wait=True)
+    selector = f"{naming.JOB_NAME_LABEL}=demo"
+
+    def gone() -> bool:
+        return (
+            not kubectl.list("pods", namespace, selector)
+            and not kubectl.list("services", namespace, selector)
+            and not kubectl.list("podgroups.scheduling.x-k8s.io", namespace, selector)
+        )
+
+    kubectl.wait_for(gone, timeout=60, what="children garbage-collected")
+
+
+def test_podgroups_for_each_gang_scheduler(kubectl: Kubectl, namespace: str, operator: OperatorProcess) -> None:
+    create(
+        kubectl,
+        namespace,
+        "coscheduled",
+        gang={"scheduler": "scheduler-plugins", "scheduleTimeoutSeconds": 60},
+        **GPU_JOB,
+    )
+    create(kubectl, namespace, "volcanic", gang={"scheduler": "volcano", "queue": "research"}, **GPU_JOB)
+    group = kubectl.wait_for(
+        lambda: kubectl.get("podgroups.scheduling.x-k8s.io", "coscheduled", namespace),
+        timeout=30,
+        what="coscheduling PodGroup",
+    )
+    assert group["spec"]["minMember"] == 2 and group["spec"]["scheduleTimeoutSeconds"] == 60
+    group = kubectl.wait_for(
+        lambda: kubectl.get("podgroups.scheduling.volcano.sh", "volcanic", namespace),
+        timeout=30,
+        what="volcano PodGroup",
+    )
+    assert group["spec"]["queue"] == "research"
+    pods = kubectl.wait_for(lambda: workers(kubectl, namespace, "volcanic"), timeout=30, what="volcano pods")
+    assert pods[0]["metadata"]["annotations"][naming.VOLCANO_GROUP_ANNOTATION] == "volcanic"
+    assert pods[0]["spec"]["schedulerName"] == "volcano"
+
+
+def test_unplannable_spec_fails_the_job_with_a_condition_and_no_retry_loop(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    create(kubectl, namespace, checkpoint={"volumeName": "nope"})
+    status = wait_phase(kubectl, namespace, "Failed", timeout=30)
+    assert status["reason"] == "InvalidSpec"
+    assert "spec.checkpoint.volumeName" in status["message"]
+    failed = {c["type"]: c for c in status["conditions"]}["Stalled"]
+    assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
+    version = kubectl.get("tj", "demo", namespace)["metadata"]["resourceVersion"]  # type: ignore[index]
+    time.sleep(3)
+    assert kubectl.get("tj", "demo", namespace)["metadata"]["resourceVersion"] == version  # type: ignore[index]
+    assert not workers(kubectl, namespace)
+
+
+def test_operator_never_writes_spec_or_kopf_annotations(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, gpu_nodes: list[str]
+) -> None:
+    body = create(kubectl, namespace, **GPU_JOB)
+    wait_phase(kubectl, namespace, "Running", timeout=60)
+    job = kubectl.json("get", "tj", "demo", f"--namespace={namespace}", "--show-managed-fields")
+    managers = {(f["manager"], f.get("subresource", "")) for f in job["metadata"]["managedFields"]}
+    assert ("phalanx", "") not in managers  # only the status subresource is ours
+    assert ("phalanx", "status") in managers
+    assert not job["metadata"].get("finalizers")
+    assert not [key for key in job["metadata"].get("annotations", {}) if "kopf" in key or "phalanx.dev" in key]
+    assert job["spec"]["workers"] == body["spec"]["workers"] | {"min": 2}
