@@ -8,7 +8,7 @@ CACHE ?= $(or $(PHALANX_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/phalan
 WHEELS := $(CACHE)/wheels
 TORCH ?= torch==2.13.0
 
-.PHONY: venv torch binaries lint typecheck unit integration test crd clean
+.PHONY: venv torch binaries packages images up down lint typecheck unit integration e2e test crd clean
 
 $(BIN)/phalanx: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,18 @@ crd: venv  ## regenerate crds/ and docs/api.md from the API models
 binaries:  ## Kubernetes, etcd, KWOK, CoreDNS, helm built from Go modules (cached by version)
 	tests/cluster/build-binaries.sh
 
+packages:  ## Debian packages of the real node: containerd, runc, CNI plugins, debootstrap, ...
+	tests/cluster/node/install-packages.sh
+
+images: venv packages  ## pause and trainer images, built locally (debootstrap + torch), cached by input hash
+	$(BIN)/python -m tests.cluster.node.images
+
+up: torch binaries images  ## local cluster + operator + the CPU example training (or the cluster in $$KUBECONFIG)
+	$(BIN)/python -m tests.cluster.quickstart up
+
+down:  ## stop everything `make up` started
+	$(BIN)/python -m tests.cluster.quickstart down
+
 lint: venv
 	$(BIN)/ruff check operator tests
 	$(BIN)/ruff format --check operator tests
@@ -41,10 +53,13 @@ typecheck: torch
 unit: torch
 	$(BIN)/pytest tests/unit
 
-integration: torch binaries
+integration: torch binaries images
 	$(BIN)/pytest tests/integration
 
-test: lint typecheck binaries  ## everything CI runs
+e2e: torch binaries images
+	$(BIN)/pytest tests/e2e
+
+test: lint typecheck binaries images  ## everything CI runs: unit, integration (control plane + KWOK), e2e (real node)
 	$(BIN)/pytest tests
 
 clean:

@@ -1,17 +1,22 @@
 """Prometheus metrics of the operator process.
 
-Reconcile-loop metrics reuse controller-runtime's names so stock controller dashboards
-work. Per-job series are labelled by namespace and job name only (never pods or UIDs),
-and are removed when the job is deleted, so cardinality stays bounded by live jobs.
+Reconcile-loop metrics reuse controller-runtime's names so stock controller dashboards work.
+Per-job series are labelled by namespace and job name only (never pods or UIDs) and are
+removed when the job is deleted, so cardinality stays bounded by live jobs. The startup
+histogram is labelled by namespace only: a histogram per job would multiply series by buckets.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from phalanx.reconcile.status import parse_time
 
 RECONCILE_TOTAL = Counter("controller_runtime_reconcile_total", "Reconcile passes by result.", ["controller", "result"])
 RECONCILE_ERRORS = Counter("controller_runtime_reconcile_errors_total", "Reconcile passes that raised.", ["controller"])
@@ -23,18 +28,72 @@ RECONCILE_TIME = Histogram(
 )
 
 PHASES = ("Pending", "Starting", "Running", "Rescaling", "Restarting", "Succeeded", "Failed", "Suspended")
-JOB_PHASE = Gauge(
-    "phalanx_job_phase", "1 for the job's current phase, 0 for the others.", ["namespace", "name", "phase"]
+TRAINING = ("Running", "Rescaling")
+JOB = ["namespace", "name"]
+
+JOBS = Gauge("phalanx_jobs", "TrainingJobs by phase.", ["phase"])
+JOB_PHASE = Gauge("phalanx_job_phase", "1 for the job's current phase, 0 for the others.", [*JOB, "phase"])
+WORKERS_DESIRED = Gauge("phalanx_job_workers_desired", "Workers the job aims for.", JOB)
+WORKERS_READY = Gauge("phalanx_job_workers_ready", "Ready workers of the current attempt.", JOB)
+WORLD_SIZE = Gauge(
+    "phalanx_job_world_size", "Workers in the training world (ready workers while training, else 0).", JOB
 )
-WORKERS_DESIRED = Gauge("phalanx_job_workers_desired", "Workers the job aims for.", ["namespace", "name"])
-WORKERS_READY = Gauge("phalanx_job_workers_ready", "Ready workers of the current attempt.", ["namespace", "name"])
-JOB_RESTARTS = Gauge("phalanx_job_restarts", "Counted restarts (the restart budget used).", ["namespace", "name"])
+GPUS_REQUESTED = Gauge("phalanx_job_gpus_requested", "GPUs the job's desired workers request.", JOB)
+GPUS_BOUND = Gauge("phalanx_job_gpus_bound", "GPUs held by the job's workers that are bound to nodes.", JOB)
+RESTART_BUDGET_USED = Gauge(
+    "phalanx_job_restart_budget_used", "Counted restarts, compared with failurePolicy.maxRestarts.", JOB
+)
+RESTARTS = Counter("phalanx_job_restarts_total", "Worker replacements and gang restarts by reason.", [*JOB, "reason"])
+RESCALES = Counter("phalanx_job_rescales_total", "Changes of the desired worker count.", [*JOB, "direction"])
+GOODPUT = Gauge("phalanx_job_goodput_ratio", "Time spent training over wall time since creation (0..1).", JOB)
+STARTUP = Histogram(
+    "phalanx_job_startup_duration_seconds",
+    "Time from a job's creation until it first trained.",
+    ["namespace"],
+    buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
+)
+_PER_JOB = (WORKERS_DESIRED, WORKERS_READY, WORLD_SIZE, GPUS_REQUESTED, GPUS_BOUND, RESTART_BUDGET_USED, GOODPUT)
 
-_PER_JOB = (WORKERS_DESIRED, WORKERS_READY, JOB_RESTARTS)
+
+@dataclass
+class _Seen:
+    phase: str | None
+    restarts: dict[str, int]
 
 
-def observe_job(key: tuple[str, str], status: Mapping[str, Any]) -> None:
-    """Export one job's status."""
+_seen: dict[tuple[str, str], _Seen] = {}
+
+
+@dataclass(frozen=True)
+class JobSample:
+    """What one reconcile pass learned about a job, for export."""
+
+    status: Mapping[str, Any]
+    previous_status: Mapping[str, Any]
+    created: str | None
+    gpus_per_worker: int
+    bound_workers: int
+    rescaled: str | None
+    now: datetime
+
+
+def goodput(status: Mapping[str, Any], created: str | None, now: datetime) -> float:
+    """Training time over wall time since creation, from status alone."""
+    start = parse_time(created)
+    if start is None or now <= start:
+        return 0.0
+    trained = float(status.get("trainingSeconds", 0))
+    if status.get("phase") in TRAINING:
+        running = next((c for c in status.get("conditions", []) if c.get("type") == "Running"), None)
+        since = parse_time(running.get("lastTransitionTime")) if running else None
+        if since is not None:
+            trained += max(0.0, (now - since).total_seconds())
+    return min(1.0, trained / (now - start).total_seconds())
+
+
+def observe_job(key: tuple[str, str], sample: JobSample) -> None:
+    """Export one job's state after a reconcile pass."""
+    status = sample.status
     if not status:
         return
     namespace, name = key
@@ -42,17 +101,50 @@ def observe_job(key: tuple[str, str], status: Mapping[str, Any]) -> None:
     for candidate in PHASES:
         JOB_PHASE.labels(namespace, name, candidate).set(1.0 if candidate == phase else 0.0)
     workers = status.get("workers") or {}
+    ready = workers.get("ready", 0)
     WORKERS_DESIRED.labels(namespace, name).set(workers.get("desired", 0))
-    WORKERS_READY.labels(namespace, name).set(workers.get("ready", 0))
-    JOB_RESTARTS.labels(namespace, name).set(status.get("restarts", 0))
+    WORKERS_READY.labels(namespace, name).set(ready)
+    WORLD_SIZE.labels(namespace, name).set(ready if phase in TRAINING else 0)
+    GPUS_REQUESTED.labels(namespace, name).set(workers.get("desired", 0) * sample.gpus_per_worker)
+    GPUS_BOUND.labels(namespace, name).set(sample.bound_workers * sample.gpus_per_worker)
+    RESTART_BUDGET_USED.labels(namespace, name).set(status.get("restarts", 0))
+    GOODPUT.labels(namespace, name).set(goodput(status, sample.created, sample.now))
+    if sample.rescaled:
+        RESCALES.labels(namespace, name, sample.rescaled).inc()
+    started = parse_time(status.get("startTime"))
+    if started is not None and not sample.previous_status.get("startTime"):
+        created = parse_time(sample.created)
+        if created is not None:
+            STARTUP.labels(namespace).observe(max(0.0, (started - created).total_seconds()))
+    by_reason = dict(status.get("restartsByReason") or {})
+    seen = _seen.get(key)
+    if seen is not None:  # a process restart starts counting afresh, as Prometheus counters do
+        for reason, count in by_reason.items():
+            if count > seen.restarts.get(reason, 0):
+                RESTARTS.labels(namespace, name, reason).inc(count - seen.restarts.get(reason, 0))
+    _seen[key] = _Seen(phase, by_reason)
+    _count_phases()
+
+
+def _count_phases() -> None:
+    for phase in PHASES:
+        JOBS.labels(phase).set(sum(1 for seen in _seen.values() if seen.phase == phase))
 
 
 def forget_job(key: tuple[str, str]) -> None:
     """Drop the series of a deleted job."""
     namespace, name = key
+    seen = _seen.pop(key, None)
     for phase in PHASES:
         with contextlib.suppress(KeyError):
             JOB_PHASE.remove(namespace, name, phase)
     for gauge in _PER_JOB:
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
+    for reason in seen.restarts if seen else {}:
+        with contextlib.suppress(KeyError):
+            RESTARTS.remove(namespace, name, reason)
+    for direction in ("up", "down"):
+        with contextlib.suppress(KeyError):
+            RESCALES.remove(namespace, name, direction)
+    _count_phases()

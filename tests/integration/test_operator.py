@@ -200,3 +200,58 @@ def test_operator_never_writes_spec_or_kopf_annotations(
     assert not job["metadata"].get("finalizers")
     assert not [key for key in job["metadata"].get("annotations", {}) if "kopf" in key or "phalanx.dev" in key]
     assert job["spec"]["workers"] == body["spec"]["workers"] | {"min": 2}
+
+
+def metric(text: str, series: str, **labels: str) -> float | None:
+    """The value of one series in a /metrics scrape, or None when it is absent."""
+    for line in text.splitlines():
+        if not line.startswith(series + "{") and not line.startswith(series + " "):
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_operator_metrics_follow_the_job(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, gpu_nodes: list[str]
+) -> None:
+    before = operator.metrics()
+    assert metric(before, "phalanx_job_workers_desired", namespace=namespace, name="demo") is None
+    create(kubectl, namespace, **GPU_JOB)
+    wait_phase(kubectl, namespace, "Running", timeout=60)
+    job = {"namespace": namespace, "name": "demo"}
+    text = kubectl.wait_for(
+        lambda: (t := operator.metrics()) and metric(t, "phalanx_job_phase", phase="Running", **job) == 1.0 and t,
+        timeout=20,
+        what="Running in /metrics",
+    )
+    assert metric(text, "phalanx_job_workers_ready", **job) == 3
+    assert metric(text, "phalanx_job_world_size", **job) == 3
+    assert metric(text, "phalanx_job_gpus_requested", **job) == 12
+    assert metric(text, "phalanx_job_gpus_bound", **job) == 12
+    assert metric(text, "phalanx_jobs", phase="Running") >= 1  # type: ignore[operator]
+    assert metric(text, "phalanx_job_startup_duration_seconds_count", namespace=namespace) == 1
+    passes = metric(text, "controller_runtime_reconcile_total", controller="trainingjob", result="success") or 0
+    assert passes > 0
+    kubectl.run("scale", "tj/demo", "--replicas=4", f"--namespace={namespace}")
+    kubectl.label("pod", "demo-worker-1", {"kwok.phalanx.dev/exit-code": "1"}, namespace)
+    text = kubectl.wait_for(
+        lambda: (
+            (t := operator.metrics())
+            and metric(t, "phalanx_job_restarts_total", reason="WorkerFailed", **job) == 1.0
+            and t
+        ),
+        timeout=30,
+        what="a counted restart in /metrics",
+    )
+    assert metric(text, "phalanx_job_rescales_total", direction="up", **job) == 1
+    assert metric(text, "phalanx_job_restart_budget_used", **job) == 1
+    assert (
+        metric(text, "controller_runtime_reconcile_total", controller="trainingjob", result="success") or 0
+    ) > passes
+    kubectl.delete("tj", "demo", namespace)
+    kubectl.wait_for(
+        lambda: metric(operator.metrics(), "phalanx_job_workers_desired", **job) is None,
+        timeout=20,
+        what="the deleted job's series to go",
+    )

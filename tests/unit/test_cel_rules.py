@@ -103,6 +103,11 @@ SCHEMA_BOUNDS: list[tuple[str, dict[str, Any], str]] = [
     ("unknown gang scheduler", {"gang": {"scheduler": "yunikorn"}}, "spec.gang.scheduler"),
     ("privileged port", {"rendezvous": {"port": 80}}, "spec.rendezvous.port"),
     ("bad shm size", {"network": {"shmSize": "lots"}}, "spec.network.shmSize"),
+    (
+        "zero last call (torchrun refuses it)",
+        {"rendezvous": {"lastCallTimeoutSeconds": 0}},
+        "spec.rendezvous.lastCallTimeoutSeconds",
+    ),
     ("relative mount path", {"checkpoint": {"claimName": "c", "mountPath": "ckpt"}}, "spec.checkpoint.mountPath"),
     ("unknown spec field", {"replicas": 3}, "spec"),
     ("no containers", {"template": {"spec": {"containers": []}}}, "spec.template.spec.containers"),

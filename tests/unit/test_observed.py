@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -112,3 +113,28 @@ def test_error_file_reaches_the_message() -> None:
         )
     )
     assert failure is not None and "RuntimeError: boom" in failure.message
+
+
+def test_torchrun_error_file_is_reduced_to_its_error_line() -> None:
+    error_file = json.dumps(
+        {
+            "message": {
+                "message": "ValueError: The last_call timeout (0:00:00) must be positive.",
+                "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "1"},
+            }
+        }
+    )
+    failure = classify(
+        PodRecord(
+            "demo-worker-0",
+            "worker",
+            phase="Failed",
+            exit_code=1,
+            terminated_reason="Error",
+            termination_message=error_file,
+        )
+    )
+    assert failure is not None
+    assert failure.message == (
+        "worker demo-worker-0 exited with code 1 (Error): ValueError: The last_call timeout (0:00:00) must be positive."
+    )

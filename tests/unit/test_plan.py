@@ -123,19 +123,24 @@ def test_spec_change_that_needs_no_pod_change_makes_none() -> None:
     assert world.status["observedGeneration"] == 2
 
 
-def test_success_of_any_worker_finishes_the_job_and_stops_the_rest() -> None:
+def test_success_of_any_worker_finishes_the_job_and_stops_the_rest_after_a_grace() -> None:
     world = World(job())
     world.settle()
     world.run()
     world.reconcile()
     world.terminate("demo-worker-1", 0, "Completed")
     plan = world.reconcile()
+    assert any(event.reason == "Succeeded" for event in plan.events)
     assert world.status["phase"] == "Succeeded"
     assert world.status["completionTime"] == "2026-11-30T12:00:00Z"
-    assert sorted(d.name for d in plan.delete) == ["demo-rdzv", "demo-worker-0", "demo-worker-2"]
     assert conditions(world)["Ready"] == "True"
     assert conditions(world)["Succeeded"] == "True"
-    assert any(event.reason == "Succeeded" for event in plan.events)
+    assert plan.delete == ()  # the others are finishing too, and may need the store to shut down
+    assert plan.requeue_after == 60
+    world.terminate("demo-worker-0", 0, "Completed")
+    world.advance(60)
+    plan = world.reconcile()
+    assert sorted(d.name for d in plan.delete) == ["demo-rdzv", "demo-worker-2"]
 
 
 def test_ttl_deletes_the_finished_job_after_its_time() -> None:
@@ -143,7 +148,8 @@ def test_ttl_deletes_the_finished_job_after_its_time() -> None:
     world.settle()
     world.run()
     world.reconcile()
-    world.terminate("demo-worker-0", 0)
+    for name in ("demo-worker-0", "demo-worker-1", "demo-worker-2"):
+        world.terminate(name, 0)
     world.reconcile()
     plan = world.reconcile()
     assert plan.requeue_after == 100
@@ -324,3 +330,32 @@ def test_deleting_children_never_resets_the_budget() -> None:
         world.delete_pod(name)
     world.reconcile()
     assert world.status["restarts"] == 1
+
+
+def test_workers_deleted_from_outside_below_min_restart_the_gang_without_counting() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    for name in ("demo-worker-0", "demo-worker-1"):
+        world.pods[name]["metadata"]["deletionTimestamp"] = "2026-11-30T12:00:00Z"  # kubectl delete
+    world.reconcile()
+    assert world.status["attempt"] == 1
+    assert world.status["restarts"] == 0
+    assert world.status["restartsByReason"] == {"WorkersDeleted": 1}
+    assert world.status["phase"] == "Restarting"
+
+
+def test_one_worker_deleted_from_outside_is_refilled_in_the_same_attempt() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.pods["demo-worker-2"]["metadata"]["deletionTimestamp"] = "2026-11-30T12:00:00Z"
+    plan = world.reconcile()
+    assert plan.apply == ()
+    assert world.status["attempt"] == 0
+    world.finish_terminating()
+    plan = world.reconcile()
+    assert [obj["metadata"]["name"] for obj in plan.apply] == ["demo-worker-2"]
+    assert world.status["restarts"] == 0

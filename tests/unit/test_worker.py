@@ -68,6 +68,7 @@ def torchrun(tmp_path: Path, procs: int, steps: int, *extra: str) -> subprocess.
         "PHALANX_CHECKPOINT_KEEP": "2",
         "PHALANX_BACKEND": "gloo",
         "OMP_NUM_THREADS": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # as the operator sets it (pytorch#135712)
     }
     command = [
         str(TORCHRUN),
@@ -125,3 +126,66 @@ def test_sigterm_on_one_rank_makes_all_ranks_save_then_training_resumes(tmp_path
     resumed = [int(m) for m in re.findall(r"resumed_from=(\d+)", text)]
     assert resumed and resumed[-1] >= 50, text  # the agreed final checkpoint, not step 0
     assert "done rank=0 world_size=2 steps=400" in text
+
+
+def scrape(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_worker_metrics_are_served_and_gpu_series_are_absent_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.worker import metrics
+
+    port = free_port()
+    monkeypatch.setenv("PHALANX_WORKER_METRICS_PORT", str(port))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    served = metrics.from_environment()
+    assert served is not None
+    served.step_done(64)
+    time.sleep(0.01)
+    served.step_done(64)
+    served.last_checkpoint.set(20)
+    text = scrape(port)
+    assert "phalanx_worker_steps_total 2.0" in text
+    assert "phalanx_worker_last_checkpoint_step 20.0" in text
+    assert "phalanx_worker_step_duration_seconds_count 1.0" in text
+    samples = next(line for line in text.splitlines() if line.startswith("phalanx_worker_samples_per_second "))
+    assert float(samples.split()[1]) > 0
+    assert "phalanx_worker_gpu" not in text  # absent, not zero, without a GPU
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert metrics.from_environment() is None  # one endpoint per pod
+
+
+def test_gpu_series_come_from_nvml_per_device() -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+
+    from phalanx.worker.metrics import WorkerMetrics
+
+    class Nvml:  # the three NVML calls the collector makes, answered as a two-GPU node would
+        def nvmlDeviceGetCount(self) -> int:  # noqa: N802 - NVML's own names
+            return 2
+
+        def nvmlDeviceGetHandleByIndex(self, index: int) -> int:  # noqa: N802
+            return index
+
+        def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:  # noqa: N802
+            return SimpleNamespace(gpu=50 + handle)
+
+        def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:  # noqa: N802
+            return SimpleNamespace(used=1024 * (handle + 1))
+
+    text = generate_latest(WorkerMetrics(nvml=Nvml()).registry).decode()
+    assert 'phalanx_worker_gpu_utilization_ratio{gpu="1"} 0.51' in text
+    assert 'phalanx_worker_gpu_memory_used_bytes{gpu="0"} 1024.0' in text

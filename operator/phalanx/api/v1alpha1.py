@@ -220,8 +220,9 @@ class Rendezvous(ApiModel):
     """How long agents wait for min workers to join (torchrun's default of 600 s is too short for
     autoscaled GPU nodes and large images)."""
 
-    last_call_timeout_seconds: int = Field(default=30, ge=0, le=3600)
-    """After min workers joined, how long the round waits for more before it starts."""
+    last_call_timeout_seconds: int = Field(default=30, ge=1, le=3600)
+    """After min workers joined, how long the round waits for more before it starts
+    (torchrun refuses 0)."""
 
 
 class Checkpoint(ApiModel):
@@ -566,6 +567,10 @@ class TrainingJobStatus(ApiModel):
 
     completion_time: str | None = None
     """When the job succeeded or failed."""
+
+    training_seconds: int = 0
+    """Seconds the job spent training (Running or Rescaling) before its current phase began;
+    with the Running condition's lastTransitionTime it gives goodput."""
 
     restart_not_before: str | None = None
     """The next gang attempt is not started before this time (backoff)."""

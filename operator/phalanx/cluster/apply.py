@@ -111,6 +111,7 @@ async def execute(
 
     async def remove(kind: str, child: str, grace: int | None) -> None:
         await client.delete("v1", kind, namespace, child, grace_seconds=grace)
+        children.mark_deleting((namespace, name), child)
 
     await asyncio.gather(*(remove(d.kind, d.name, d.grace_seconds) for d in plan.delete))
     for event in plan.events:

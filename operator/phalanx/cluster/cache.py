@@ -8,6 +8,7 @@ next pass never acts on a view older than what it just did.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -103,6 +104,13 @@ class ChildCache:
     def forget(self, key: JobKey) -> None:
         self._pods.pop(key, None)
         self._objects.pop(key, None)
+
+    def mark_deleting(self, key: JobKey, name: str) -> None:
+        """Record our own deletion at once, so the next pass never counts the same failure twice
+        while the watch's delete event is still on its way."""
+        record = self._pods.get(key, {}).get(name)
+        if record is not None and not record.deleting:
+            self._pods[key][name] = dataclasses.replace(record, deleting=True)
 
     def jobs_on_node(self, node: str) -> list[JobKey]:
         return [key for key, pods in self._pods.items() if any(p.node_name == node for p in pods.values())]

@@ -68,7 +68,23 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
             return None
         if plan.changes_children:
             result = "requeue"
-        metrics.observe_job(key, plan.status)
+        bound = sum(
+            1
+            for pod in observed.workers()
+            if pod.active and pod.scheduled and pod.attempt == plan.status.get("attempt")
+        )
+        metrics.observe_job(
+            key,
+            metrics.JobSample(
+                status=plan.status,
+                previous_status=body.get("status") or {},
+                created=job.metadata.creation_timestamp,
+                gpus_per_worker=job.spec.gpus.count,
+                bound_workers=bound,
+                rescaled=plan.rescaled,
+                now=now,
+            ),
+        )
         return plan.requeue_after
     except Exception:
         result = "error"

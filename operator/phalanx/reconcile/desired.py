@@ -19,6 +19,7 @@ from phalanx.reconcile import naming
 from phalanx.reconcile.environment import (
     CHECKPOINT_VOLUME,
     SHM_VOLUME,
+    WORKER_METRICS_PORT,
     Launch,
     merge_env,
     transport_profile,
@@ -184,6 +185,9 @@ def _trainer_container(
     if not mounts:
         container.pop("volumeMounts")
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    ports = container.setdefault("ports", [])
+    if not any(port.get("containerPort") == WORKER_METRICS_PORT for port in ports):
+        ports.append({"name": "phalanx-metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"})
     return container
 
 

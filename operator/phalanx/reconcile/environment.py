@@ -22,6 +22,7 @@ Transport = Literal["gloo", "tcp", "infiniband", "efa"]
 EnvVar = dict[str, Any]
 
 TERMINATION_LOG = "/dev/termination-log"
+WORKER_METRICS_PORT = 9400
 RENDEZVOUS_READ_TIMEOUT_SECONDS = 120
 FLIGHT_RECORDER_EVENTS = 2000
 SHM_VOLUME = "phalanx-dshm"
@@ -157,11 +158,15 @@ def worker_environment(
         "PET_RDZV_CONF": conf,
         "PET_MAX_RESTARTS": str(spec.failure_policy.worker_restarts),
         "TORCHELASTIC_ERROR_FILE": TERMINATION_LOG,
+        # Workers of a restarted group otherwise read their predecessors' addresses from the
+        # shared rendezvous store (pytorch#135712): give each group its own bootstrap store.
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "PHALANX_JOB_NAME": job_name,
         "PHALANX_NAMESPACE": namespace,
         "PHALANX_ATTEMPT": str(attempt),
         "PHALANX_WORKER_INDEX": str(index),
         "PHALANX_BACKEND": launch.backend,
+        "PHALANX_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
     }
     if launch.omp_threads is not None:
         values["OMP_NUM_THREADS"] = str(launch.omp_threads)

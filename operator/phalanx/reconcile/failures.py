@@ -9,6 +9,7 @@ retry can fix (fail fast).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,8 +56,24 @@ def _describe(pod: PodRecord) -> str:
         parts.append(f"({pod.terminated_reason})")
     text = " ".join(parts)
     if pod.termination_message:
-        text += f": {pod.termination_message.strip()}"
+        text += f": {root_cause(pod.termination_message)}"
     return text[:MAX_MESSAGE]
+
+
+def root_cause(termination_message: str) -> str:
+    """The error line of torchrun's error file (TORCHELASTIC_ERROR_FILE), else the message as is.
+
+    torchrun writes JSON such as ``{"message": {"message": "ValueError: ...", "extraInfo":
+    {"py_callstack": ...}}}``; the traceback belongs in the logs, the error in the condition.
+    """
+    try:
+        document = json.loads(termination_message)
+    except ValueError:
+        return termination_message.strip()
+    message = document.get("message") if isinstance(document, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    return str(message).strip() if message else termination_message.strip()
 
 
 def classify(pod: PodRecord, *, node_ready: bool = True) -> Failure | None:

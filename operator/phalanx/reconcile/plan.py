@@ -27,6 +27,8 @@ from phalanx.reconcile.status import PhaseView, conditions, format_time, parse_t
 
 Object = dict[str, Any]
 TERMINAL = ("Succeeded", "Failed")
+TRAINING = ("Running", "Rescaling")
+SUCCESS_GRACE_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Plan:
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
     delete_job: bool = False
+    rescaled: Literal["up", "down"] | None = None
 
     @property
     def changes_children(self) -> bool:
@@ -91,6 +94,12 @@ class _Memory:
         )
 
 
+def worker_event_reason(reason: str) -> str:
+    """The reason of the event for one replaced worker: Worker<Reason>, without doubling the prefix
+    (WorkerFailed, not WorkerWorkerFailed)."""
+    return reason if reason.startswith("Worker") else f"Worker{reason}"
+
+
 def backoff_seconds(policy: api.FailurePolicy, counted_restarts: int) -> int:
     """Exponential backoff: backoffSeconds doubled per counted restart, capped."""
     if counted_restarts <= 0:
@@ -112,6 +121,7 @@ class _Pass:
         self.events: list[Event] = []
         self.requeue: list[float] = []
         self.delete_job = False
+        self.rescaled: Literal["up", "down"] | None = None
         self.stalled: tuple[str, str] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -151,7 +161,10 @@ class _Pass:
     def finish(self, phase: Literal["Succeeded", "Failed"], reason: str, message: str) -> PhaseView:
         self.memory.completion_time = format_time(self.now)
         self.memory.restart_not_before = None
-        self.remove_active()
+        if phase == "Succeeded":
+            self.wind_down(self.now)
+        else:
+            self.remove_active()
         kind: Literal["Normal", "Warning"] = "Normal" if phase == "Succeeded" else "Warning"
         self.events.append(Event(kind, reason, message))
         return PhaseView(phase, reason, message)
@@ -171,10 +184,22 @@ class _Pass:
         except PlanningError as error:
             return self.invalid(str(error))
 
+    def wind_down(self, completed: datetime) -> None:
+        """After success the other workers are finishing too (and may still need the store for
+        torchrun's shutdown): give them a grace period before stopping what still runs."""
+        remaining = (completed + timedelta(seconds=SUCCESS_GRACE_SECONDS) - self.now).total_seconds()
+        if remaining > 0 and any(pod.active for pod in self.observed.workers()):
+            self.requeue.append(remaining)
+        else:
+            self.remove_active()
+
     def after_finish(self, previous: api.TrainingJobStatus) -> PhaseView:
-        self.remove_active()
-        ttl = self.spec.ttl_seconds_after_finished
         completed = parse_time(previous.completion_time)
+        if previous.phase == "Succeeded" and completed is not None:
+            self.wind_down(completed)
+        else:
+            self.remove_active()
+        ttl = self.spec.ttl_seconds_after_finished
         if ttl is not None and completed is not None:
             remaining = (completed + timedelta(seconds=ttl) - self.now).total_seconds()
             if remaining <= 0:
@@ -262,19 +287,27 @@ class _Pass:
             return self.finish("Failed", fatal[0].reason, fatal[0].message)
         store = self.observed.store()
         store_lost = bool(current) and (store is None or store.finished or store.deleting or not self.node_ready(store))
-        if not failures and not store_lost:
+        # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing.
+        deleted = [
+            pod
+            for pod in current
+            if pod.deleting and not pod.finished and pod.index is not None and pod.index < self.spec.workers.desired
+        ]
+        if not failures and not store_lost and not deleted:
             return None
         failed = {pod.name for pod, _ in failures}
         survivors = [pod for pod in current if pod.active and pod.name not in failed]
         if store_lost or len(survivors) < self.spec.workers.min:
             return self.gang_restart(current, failures, store_lost=store_lost)
+        if not failures:
+            return None  # enough survivors: the deleted workers' slots are refilled once they are gone
         for pod, failure in failures:
             self.count(failure)
             self.remove(pod)
             self.events.append(
                 Event(
                     "Warning",
-                    f"Worker{failure.reason}",
+                    worker_event_reason(failure.reason),
                     f"{failure.message}; replacing it, {len(survivors)} worker(s) train on",
                 )
             )
@@ -293,9 +326,16 @@ class _Pass:
         if failures:
             counted = [failure for _, failure in failures if failure.counted]
             failure = counted[0] if counted else failures[0][1]
-        else:
+        elif store_lost:
             failure = Failure(
                 "RendezvousStoreLost", counted=False, action="replace", message="the rendezvous store pod was lost"
+            )
+        else:
+            failure = Failure(
+                "WorkersDeleted",
+                counted=False,
+                action="replace",
+                message="worker pods were deleted from outside the operator",
             )
         self.count(failure)
         if self.budget_exhausted():
@@ -348,9 +388,10 @@ class _Pass:
         )
         for pod in surplus:
             self.remove(pod)
-        active = sum(1 for pod in current if pod.active)
-        if current and (surplus or (created and active)):
-            self.events.append(Event("Normal", "Rescaling", f"scaling from {active} to {wanted} workers"))
+        before = self.job.status.workers.desired if self.job.status.workers else None
+        if before and before != wanted:
+            self.rescaled = "up" if wanted > before else "down"
+            self.events.append(Event("Normal", "Rescaling", f"desired workers changed from {before} to {wanted}"))
 
     def running_phase(self, current: list[PodRecord], store: PodRecord | None) -> PhaseView:
         minimum, wanted = self.spec.workers.min, self.spec.workers.desired
@@ -370,6 +411,22 @@ class _Pass:
         return PhaseView("Pending", "WorkersPending", f"waiting for {minimum} worker(s) to be scheduled")
 
     # -- rendering -------------------------------------------------------------------------------
+
+    def training_seconds(self, view: PhaseView) -> int:
+        """Seconds spent training (Running or Rescaling) up to the last time the job left training.
+
+        Together with the Running condition's lastTransitionTime this gives goodput without a
+        clock in the operator's memory, so it survives operator restarts.
+        """
+        previous = self.job.status
+        total = previous.training_seconds
+        was_training = previous.phase in TRAINING
+        if was_training and view.phase not in TRAINING:
+            running = next((c for c in previous.conditions or [] if c.type == "Running"), None)
+            since = parse_time(running.last_transition_time) if running is not None else None
+            if since is not None:
+                total += max(0, int((self.now - since).total_seconds()))
+        return total
 
     def render(self, view: PhaseView) -> Plan:
         job, memory = self.job, self.memory
@@ -409,6 +466,7 @@ class _Pass:
                 stalled_override=self.stalled,
             ),
         }
+        status["trainingSeconds"] = self.training_seconds(view)
         for key, value in (
             ("startTime", memory.start_time),
             ("completionTime", memory.completion_time),
@@ -423,6 +481,7 @@ class _Pass:
             events=tuple(self.events),
             requeue_after=min(self.requeue) if self.requeue else None,
             delete_job=self.delete_job,
+            rescaled=self.rescaled,
         )
 
 

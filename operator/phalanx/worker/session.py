@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
+from phalanx.worker import metrics
 from phalanx.worker.backend import choose_backend
 from phalanx.worker.checkpoint import CheckpointStore
 
@@ -57,6 +58,7 @@ class TrainingSession:
         self.progress = Progress()
         self.resumed_from: int | None = None
         self._last_saved: int | None = None
+        self.metrics: metrics.WorkerMetrics | None = None
         self._signalled = False
         self._previous_handler: Any = None
 
@@ -68,6 +70,9 @@ class TrainingSession:
         if not dist.is_initialized():
             dist.init_process_group(backend=self.backend)
         self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.metrics = metrics.from_environment()
+        if self.metrics is not None:
+            self.metrics.world_size.set(self.world_size)
         return self
 
     def __exit__(
@@ -131,6 +136,8 @@ class TrainingSession:
         if self.store is not None:
             self.store.save(state, self.progress.step, {"samples": self.progress.samples})
             self._last_saved = self.progress.step
+            if self.metrics is not None:
+                self.metrics.last_checkpoint.set(self.progress.step)
 
     def steps(self, total: int, state: dict[str, Any], *, samples_per_step: int = 0) -> Iterator[int]:
         """Yield step numbers from the resumed step to ``total``, saving and stopping as agreed."""
@@ -140,6 +147,8 @@ class TrainingSession:
             yield step
             self.progress.step = step
             self.progress.samples += samples_per_step
+            if self.metrics is not None:
+                self.metrics.step_done(samples_per_step)
             if self.stop_agreed():
                 self.save(state)
                 if self._signalled:

@@ -1,0 +1,1 @@
+"""Runnable benchmarks (``python -m tests.benchmarks.<name>``); not collected by pytest."""

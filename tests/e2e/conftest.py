@@ -1,0 +1,67 @@
+"""Fixtures for the end-to-end tier: the control plane plus one real kubelet node running real
+containers (containerd, runc, CNI, CoreDNS) with the locally built trainer image.
+
+- ``real_cluster`` (module): the cluster with the real node (untainted: every pod lands there).
+- ``kubectl``, ``namespace`` (per test), ``operator`` (per test, under the chart's RBAC).
+All processes are stopped by PID when the session ends, also on failure.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from phalanx.api import crd
+from tests.cluster.kube import Kubectl
+from tests.integration.chart_identity import chart_identity
+from tests.integration.operator_process import OperatorProcess
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")  # one real node per host: released before other modules need one
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if os.geteuid() != 0:
+        pytest.fail("the end-to-end tier runs a kubelet and needs root")
+    from tests.cluster.node.realnode import RealNode, cluster_with_real_node
+
+    cluster = cluster_with_real_node(tmp_path_factory.mktemp("e2e-cluster"), node=RealNode(taint=False))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def kubectl(real_cluster: Any) -> Kubectl:
+    client = Kubectl(real_cluster.kubeconfig)
+    client.apply(yaml.safe_load((ROOT / "crds" / crd.CRD_FILE).read_text()))
+    client.run("wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")
+    return client
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl) -> Iterator[str]:
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kubectl.wait_for(lambda: kubectl.get("serviceaccount", "default", name), timeout=30, what="default SA")
+    yield name
+    kubectl.delete("namespace", name, wait=False)
+
+
+@pytest.fixture
+def operator(kubectl: Kubectl, real_cluster: Any, namespace: str, tmp_path: pathlib.Path) -> Iterator[OperatorProcess]:
+    with chart_identity(
+        kubectl, pathlib.Path(real_cluster.kubeconfig), namespace, f"phx-{uuid.uuid4().hex[:6]}", tmp_path
+    ) as identity:
+        process = OperatorProcess(identity, tmp_path / "operator.log", namespace=namespace)
+        with process:
+            yield process
+        print(f"--- operator log (tail) ---\n{process.log_tail(80)}")

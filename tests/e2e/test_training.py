@@ -1,0 +1,182 @@
+"""Real training on the real node: torchrun workers in real containers, gloo over pod networking."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from phalanx.reconcile import naming
+from tests.cluster.kube import Kubectl
+from tests.integration.operator_process import OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+STEP = re.compile(r"step=(\d+) loss=([0-9.]+) world_size=(\d+)")
+
+
+def status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    return ((kubectl.get("tj", name, namespace) or {}).get("status")) or {}
+
+
+def wait_phase(kubectl: Kubectl, namespace: str, name: str, phase: str, timeout: float) -> dict[str, Any]:
+    return kubectl.wait_for(
+        lambda: (s := status(kubectl, namespace, name)).get("phase") == phase and s,
+        timeout=timeout,
+        interval=1.0,
+        what=f"{name} {phase}, last status {status(kubectl, namespace, name)}",
+    )
+
+
+def logs(kubectl: Kubectl, namespace: str, pod: str) -> str:
+    return kubectl.run("logs", pod, f"--namespace={namespace}", check=False).stdout
+
+
+def worker_names(kubectl: Kubectl, namespace: str, name: str) -> list[str]:
+    pods = kubectl.list("pods", namespace, f"{naming.JOB_NAME_LABEL}={name},{naming.ROLE_LABEL}=worker")
+    return sorted(pod["metadata"]["name"] for pod in pods)
+
+
+def test_cpu_example_trains_two_workers_in_one_world(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    body = yaml.safe_load((ROOT / "examples" / "cpu-gloo.yaml").read_text())
+    kubectl.create(body, namespace=namespace)
+    final = wait_phase(kubectl, namespace, "cpu-gloo", "Succeeded", timeout=300)
+    assert {c["type"]: c["status"] for c in final["conditions"]}["Succeeded"] == "True"
+    texts = [logs(kubectl, namespace, pod) for pod in ("cpu-gloo-worker-0", "cpu-gloo-worker-1")]
+    for text in texts:
+        assert re.search(r"joined rank=\d world_size=2", text), text
+        steps = [(int(s), float(loss)) for s, loss, world in STEP.findall(text) if world == "2"]
+        assert steps, text
+        first, last = steps[0], steps[-1]
+        assert last[0] == 200 and last[1] < first[1] / 10, steps  # the loss went down
+    ranks = {re.findall(r"joined rank=(\d) world_size=2", text)[-1] for text in texts}
+    assert ranks == {"0", "1"}  # the two workers were two ranks of one world
+
+
+def elastic_job(name: str, namespace: str, steps: int) -> dict[str, Any]:
+    """3 workers (min 2), checkpoints on a hostPath shared by all pods of the single real node."""
+    return {
+        "apiVersion": "phalanx.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workers": {"min": 2, "max": 3, "desired": 3},
+            "rendezvous": {"lastCallTimeoutSeconds": 1},
+            "checkpoint": {"volumeName": "checkpoints", "keep": 3},
+            "failurePolicy": {"backoffSeconds": 1},
+            "template": {
+                "spec": {
+                    "volumes": [
+                        {
+                            "name": "checkpoints",
+                            "hostPath": {
+                                "path": f"/var/tmp/phalanx-e2e/{namespace}/{name}",
+                                "type": "DirectoryOrCreate",
+                            },
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "trainer",
+                            "image": "phalanx.local/trainer:dev",
+                            "imagePullPolicy": "Never",
+                            "command": ["torchrun"],
+                            "args": [
+                                "-m",
+                                "phalanx.worker.demo",
+                                "--steps",
+                                str(steps),
+                                "--step-seconds",
+                                "0.1",
+                                "--checkpoint-every",
+                                "10",
+                                "--log-every",
+                                "5",
+                            ],
+                            "resources": {"requests": {"cpu": "100m", "memory": "512Mi"}, "limits": {"cpu": "1"}},
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+def wait_for_step(kubectl: Kubectl, namespace: str, pods: list[str], world: int, step: int) -> None:
+    def reached() -> bool:
+        for pod in pods:
+            seen = [int(s) for s, _, w in STEP.findall(logs(kubectl, namespace, pod)) if int(w) == world]
+            if not seen or max(seen) < step:
+                return False
+        return True
+
+    kubectl.wait_for(reached, timeout=240, interval=1.0, what=f"{pods} at step {step} in a world of {world}")
+
+
+def steps_in_world(text: str, world: int) -> list[int]:
+    return [int(step) for step, _, size in STEP.findall(text) if int(size) == world]
+
+
+def test_losing_one_worker_keeps_training_at_world_size_two(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    kubectl.create(elastic_job("elastic", namespace, 500), namespace=namespace)
+    pods = ["elastic-worker-0", "elastic-worker-1", "elastic-worker-2"]
+    wait_for_step(kubectl, namespace, pods, world=3, step=30)
+    # No capacity for a replacement while the worker is gone: the node is cordoned.
+    kubectl.run("cordon", "real-node")
+    try:
+        lost_at = time.monotonic()
+        kubectl.run("delete", "pod", "elastic-worker-2", f"--namespace={namespace}", "--wait=false")
+        wait_for_step(kubectl, namespace, pods[:2], world=2, step=1)
+        print(f"E2E-METRIC training resumed at world size 2 {time.monotonic() - lost_at:.1f}s after the loss")
+        resumed_at = max(steps_in_world(logs(kubectl, namespace, pods[0]), 2))
+        wait_for_step(kubectl, namespace, pods[:2], world=2, step=resumed_at + 20)  # it goes on at 2
+        pending = kubectl.get("pod", "elastic-worker-2", namespace)
+        assert pending is not None and pending["status"]["phase"] == "Pending"  # the replacement waits
+        assert status(kubectl, namespace, "elastic")["phase"] == "Rescaling"
+    finally:
+        kubectl.run("uncordon", "real-node")
+    final = wait_phase(kubectl, namespace, "elastic", "Succeeded", timeout=400)
+    assert final["attempt"] == 0 and final["restarts"] == 0
+    survivor = logs(kubectl, namespace, "elastic-worker-0")
+    resumed = [int(step) for step in re.findall(r"resumed_from=(\d+)", survivor)]
+    assert resumed and min(resumed) >= 30, survivor  # progress kept across every re-formed world
+    assert steps_in_world(survivor, 3)[-1] > resumed_at  # capacity came back: the world grew to 3 again
+    assert "done rank=" in survivor
+
+
+def test_losing_two_workers_restarts_the_gang_from_the_checkpoint(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    kubectl.create(elastic_job("gang", namespace, 300), namespace=namespace)
+    pods = ["gang-worker-0", "gang-worker-1", "gang-worker-2"]
+    wait_for_step(kubectl, namespace, pods, world=3, step=30)
+    kubectl.run("delete", "pod", "gang-worker-1", "gang-worker-2", f"--namespace={namespace}", "--wait=false")
+    restarted = kubectl.wait_for(
+        lambda: (s := status(kubectl, namespace, "gang")).get("attempt") == 1 and s,
+        timeout=120,
+        interval=0.5,
+        what="a gang restart",
+    )
+    assert restarted["restartsByReason"] == {"WorkersDeleted": 1}
+    assert restarted["restarts"] == 0
+    final = wait_phase(kubectl, namespace, "gang", "Succeeded", timeout=300)
+    assert final["attempt"] == 1
+    pods_now = worker_names(kubectl, namespace, "gang")
+    attempts = {
+        kubectl.get("pod", pod, namespace)["metadata"]["labels"][naming.ATTEMPT_LABEL]  # type: ignore[index]
+        for pod in pods_now
+    }
+    assert attempts == {"1"}
+    text = logs(kubectl, namespace, "gang-worker-0")
+    resumed = [int(step) for step in re.findall(r"resumed_from=(\d+)", text)]
+    assert resumed and resumed[0] >= 30, text  # the new gang started from the checkpoint, not from zero
+    assert "attempt=1" in text

@@ -1,0 +1,722 @@
+"""Failure scenarios on simulated GPU nodes: one test per failure class, plus rescaling.
+
+Each scenario runs the operator (under the chart's RBAC) against the real control plane,
+breaks something the way a cluster does (a KWOK exit code or waiting reason, the eviction
+API, a not-ready or lost node, an API server refusal, ``kubectl scale``/``delete``/``patch``)
+and checks the job's phase, conditions, Events, restart counters and the pods that remain.
+Every wait polls with a timeout and says what it waited for; nothing sleeps to assert.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from phalanx.reconcile import naming
+from tests.cluster.kube import Kubectl
+from tests.cluster.localcluster import LocalCluster
+from tests.integration.operator_process import OperatorProcess
+from tests.unit.jobs import manifest
+
+pytestmark = pytest.mark.integration
+
+JOB = "demo"
+POOL_LABEL = "phalanx.dev/test-pool"
+POOL = "failures"
+WAITING_REASON_LABEL = "kwok.phalanx.dev/waiting-reason"
+WAITING_MESSAGE_ANNOTATION = "kwok.phalanx.dev/waiting-message"
+DELETE_DELAY_ANNOTATION = "kwok.phalanx.dev/delete-delay"
+TRAINER: dict[str, Any] = {
+    "name": "trainer",
+    "image": "example/train:1",
+    "command": ["torchrun"],
+    "args": ["train.py"],
+    "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "4", "memory": "4Gi"}},
+}
+GPU_JOB: dict[str, Any] = {
+    "workers": {"min": 2, "max": 4, "desired": 3},
+    "gpus": {"count": 4},
+    "failurePolicy": {"maxRestarts": 3, "backoffSeconds": 2, "maxBackoffSeconds": 8},
+    "template": {"spec": {"containers": [TRAINER]}},
+}
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def create(kubectl: Kubectl, namespace: str, **overrides: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(GPU_JOB)
+    spec.update(copy.deepcopy(overrides))
+    body = manifest(**spec)
+    body["metadata"] = {"name": JOB}
+    kubectl.create(body, namespace=namespace)
+    return body
+
+
+def status(kubectl: Kubectl, namespace: str) -> dict[str, Any]:
+    return ((kubectl.get("tj", JOB, namespace) or {}).get("status")) or {}
+
+
+def conditions(state: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in state.get("conditions", [])}
+
+
+def workers(kubectl: Kubectl, namespace: str) -> dict[str, dict[str, Any]]:
+    """Worker pods by name (Terminating ones included)."""
+    pods = kubectl.list("pods", namespace, naming.worker_selector(JOB))
+    return {pod["metadata"]["name"]: pod for pod in pods}
+
+
+def job_pods(kubectl: Kubectl, namespace: str) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in kubectl.list("pods", namespace, f"{naming.JOB_NAME_LABEL}={JOB}"))
+
+
+def uids(pods: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {name: pod["metadata"]["uid"] for name, pod in pods.items()}
+
+
+def attempts(pods: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return {name: pod["metadata"]["labels"][naming.ATTEMPT_LABEL] for name, pod in pods.items()}
+
+
+def env(pod: dict[str, Any]) -> dict[str, str | None]:
+    trainer = next(c for c in pod["spec"]["containers"] if c["name"] == TRAINER["name"])
+    return {e["name"]: e.get("value") for e in trainer.get("env", [])}
+
+
+def events(kubectl: Kubectl, namespace: str) -> list[dict[str, Any]]:
+    """Events recorded on the TrainingJob, oldest first."""
+    items: list[dict[str, Any]] = kubectl.json(
+        "get",
+        "events",
+        f"--namespace={namespace}",
+        f"--field-selector=involvedObject.name={JOB},involvedObject.kind=TrainingJob",
+    )["items"]
+    return sorted(items, key=lambda e: (e.get("lastTimestamp") or "", e["metadata"]["creationTimestamp"]))
+
+
+def event_summary(kubectl: Kubectl, namespace: str) -> list[tuple[str, str, str]]:
+    return [(e["type"], e["reason"], e["message"]) for e in events(kubectl, namespace)]
+
+
+def wait_event(
+    kubectl: Kubectl, namespace: str, reason: str, contains: str = "", timeout: float = 30
+) -> dict[str, Any]:
+    """The first Event on the job with this reason (and text in its message)."""
+
+    def found() -> dict[str, Any]:  # {} (falsy) until the event exists
+        matching = (e for e in events(kubectl, namespace) if e["reason"] == reason and contains in e["message"])
+        return next(matching, {})
+
+    try:
+        return kubectl.wait_for(found, timeout=timeout, what=f"event {reason} {contains!r} on tj/{JOB}")
+    except TimeoutError as error:
+        raise AssertionError(f"{error}; events: {event_summary(kubectl, namespace)}") from None
+
+
+def wait_status(
+    kubectl: Kubectl,
+    namespace: str,
+    predicate: Callable[[dict[str, Any]], bool],
+    what: str,
+    timeout: float = 30,
+) -> dict[str, Any]:
+    """Poll the job's status until predicate(status) holds; the failure names the last status."""
+    last: dict[str, Any] = {}
+
+    def check() -> dict[str, Any]:
+        nonlocal last
+        last = status(kubectl, namespace)
+        return last if predicate(last) else {}
+
+    try:
+        return kubectl.wait_for(check, timeout=timeout, what=what)
+    except TimeoutError as error:
+        summary = {k: last.get(k) for k in ("phase", "reason", "message", "attempt", "restarts", "restartsByReason")}
+        raise AssertionError(f"{error}; last status {summary}; events {event_summary(kubectl, namespace)}") from None
+
+
+def wait_running(kubectl: Kubectl, namespace: str, ready: int, timeout: float = 30) -> dict[str, Any]:
+    return wait_status(
+        kubectl,
+        namespace,
+        lambda s: s.get("phase") == "Running" and s.get("workerSummary") == f"{ready}/{ready}",
+        f"phase Running with {ready}/{ready} workers",
+        timeout,
+    )
+
+
+def wait_workers(
+    kubectl: Kubectl,
+    namespace: str,
+    predicate: Callable[[dict[str, dict[str, Any]]], bool],
+    what: str,
+    timeout: float = 30,
+) -> dict[str, dict[str, Any]]:
+    last: dict[str, dict[str, Any]] = {}
+
+    def check() -> dict[str, dict[str, Any]]:
+        nonlocal last
+        last = workers(kubectl, namespace)
+        return last if predicate(last) else {}
+
+    try:
+        return kubectl.wait_for(check, timeout=timeout, what=what)
+    except TimeoutError as error:
+        seen = {
+            name: (attempts(last)[name], pod["status"].get("phase"), bool(pod["metadata"].get("deletionTimestamp")))
+            for name, pod in last.items()
+        }
+        raise AssertionError(f"{error}; worker pods (attempt, phase, deleting): {seen}") from None
+
+
+def running_and_ready(pods: dict[str, dict[str, Any]], names: set[str]) -> bool:
+    if set(pods) != names:
+        return False
+    for pod in pods.values():
+        ready = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}.get("Ready")
+        if pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") != "Running" or ready != "True":
+            return False
+    return True
+
+
+def replaced_and_running(pods: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]], victim: str) -> bool:
+    """The same worker names, all running, and ``victim`` is a new pod."""
+    return running_and_ready(pods, set(before)) and uids(pods)[victim] != uids(before)[victim]
+
+
+def start(kubectl: Kubectl, namespace: str, desired: int = 3, **overrides: Any) -> dict[str, dict[str, Any]]:
+    """Create the job and wait until it runs; returns its worker pods."""
+    spec_workers = {**GPU_JOB["workers"], "desired": desired, **overrides.pop("workers", {})}
+    create(kubectl, namespace, workers=spec_workers, **overrides)
+    wait_running(kubectl, namespace, desired)
+    pods = workers(kubectl, namespace)
+    assert sorted(pods) == [naming.worker_pod_name(JOB, i) for i in range(desired)]
+    assert set(attempts(pods).values()) == {"0"}
+    return pods
+
+
+def assert_healthy(state: dict[str, Any]) -> None:
+    got = conditions(state)
+    assert got["Ready"][0] == "True", got
+    assert got["Reconciling"][0] == "False", got
+    assert got["Stalled"][0] == "False", got
+    assert got["Failed"][0] == "False", got
+
+
+def assert_failed(state: dict[str, Any], reason: str) -> None:
+    assert state["phase"] == "Failed", state
+    assert state["reason"] == reason, state
+    assert state.get("completionTime"), state
+    got = conditions(state)
+    assert got["Stalled"] == ("True", reason), got
+    assert got["Failed"] == ("True", reason), got
+    assert got["Ready"][0] == "False", got
+    assert got["Reconciling"][0] == "False", got
+
+
+def wait_no_pods(kubectl: Kubectl, namespace: str, timeout: float = 30) -> None:
+    kubectl.wait_for(lambda: not job_pods(kubectl, namespace), timeout=timeout, what="every pod of the job gone")
+
+
+def node_of(pod: dict[str, Any]) -> str:
+    return str(pod["spec"]["nodeName"])
+
+
+def store_pod(kubectl: Kubectl, namespace: str) -> dict[str, Any]:
+    pod = kubectl.get("pod", naming.rendezvous_name(JOB), namespace)
+    assert pod is not None
+    return pod
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpu_nodes(kwok_cluster: LocalCluster, kubectl: Kubectl) -> list[str]:
+    """Four 8-GPU KWOK nodes of our own (reused when a kept cluster has them, all Ready)."""
+    nodes = kubectl.list("nodes", selector=f"{POOL_LABEL}={POOL}")
+    names = [n["metadata"]["name"] for n in nodes]
+    if len(names) < 4:
+        names += kwok_cluster.add_gpu_nodes(
+            4 - len(names), gpus_per_node=8, labels={POOL_LABEL: POOL}, name_prefix="fail-gpu-"
+        )
+    for name in names:  # a previous run that was killed may have left one broken
+        kwok_cluster.set_node_not_ready(name, not_ready=False, wait=False)
+        kwok_cluster.set_node_lost(name, lost=False)
+    kwok_cluster.wait_nodes_ready(names)
+    return names
+
+
+@pytest.fixture
+def running_operator(operator: OperatorProcess, gpu_nodes: list[str]) -> Iterator[OperatorProcess]:
+    yield operator
+    assert operator.process is not None and operator.process.poll() is None, "the operator died"
+
+
+@pytest.fixture
+def cluster_nodes(kwok_cluster: LocalCluster, gpu_nodes: list[str]) -> Iterator[LocalCluster]:
+    """The KWOK cluster; every node of our pool that a test breaks is healed afterwards."""
+    yield kwok_cluster
+    for name in gpu_nodes:
+        kwok_cluster.set_node_not_ready(name, not_ready=False, wait=False)
+        kwok_cluster.set_node_lost(name, lost=False)
+    kwok_cluster.wait_nodes_ready(gpu_nodes)
+
+
+# -- counted failures ----------------------------------------------------------------------------
+
+
+def test_application_error_with_enough_survivors_replaces_only_that_worker(
+    kubectl: Kubectl, kwok_cluster: LocalCluster, namespace: str, running_operator: OperatorProcess
+) -> None:
+    before = start(kubectl, namespace)
+    victim = naming.worker_pod_name(JOB, 1)
+    message = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    kwok_cluster.finish_pod(namespace, victim, 1, message=message)
+
+    state = wait_status(kubectl, namespace, lambda s: s.get("restarts") == 1, "restarts 1")
+    assert state["restartsByReason"] == {"WorkerFailed": 1}
+    assert state["attempt"] == 0
+    after = wait_workers(
+        kubectl,
+        namespace,
+        lambda p: replaced_and_running(p, before, victim),
+        "a new, running demo-worker-1",
+    )
+    state = wait_running(kubectl, namespace, 3)
+    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (1, {"WorkerFailed": 1}, 0)
+    assert_healthy(state)
+    # only the failed worker was replaced, in the same attempt and the same rendezvous
+    survivors = {name for name in before if name != victim}
+    assert {n: uids(after)[n] for n in survivors} == {n: uids(before)[n] for n in survivors}
+    assert set(attempts(after).values()) == {"0"}
+    assert env(after[victim])["PET_RDZV_ID"] == env(before[victim])["PET_RDZV_ID"]
+    warning = wait_event(kubectl, namespace, "WorkerFailed")
+    assert warning["type"] == "Warning"
+    assert victim in warning["message"] and message in warning["message"], warning["message"]
+    assert "exited with code 1" in warning["message"]
+    reasons = [reason for _, reason, _ in event_summary(kubectl, namespace)]
+    assert "GangRestart" not in reasons
+
+
+def test_oom_kill_is_counted_and_the_worker_replaced(
+    kubectl: Kubectl, kwok_cluster: LocalCluster, namespace: str, running_operator: OperatorProcess
+) -> None:
+    before = start(kubectl, namespace)
+    victim = naming.worker_pod_name(JOB, 2)
+    kwok_cluster.finish_pod(namespace, victim, 137, reason="OOMKilled")
+
+    state = wait_status(kubectl, namespace, lambda s: s.get("restarts") == 1, "restarts 1")
+    assert state["restartsByReason"] == {"OOMKilled": 1}
+    after = wait_workers(
+        kubectl,
+        namespace,
+        lambda p: replaced_and_running(p, before, victim),
+        "a new, running demo-worker-2",
+    )
+    state = wait_running(kubectl, namespace, 3)
+    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (1, {"OOMKilled": 1}, 0)
+    assert_healthy(state)
+    assert set(attempts(after).values()) == {"0"}
+    assert uids(after)[naming.worker_pod_name(JOB, 0)] == uids(before)[naming.worker_pod_name(JOB, 0)]
+    warning = wait_event(kubectl, namespace, "WorkerOOMKilled")
+    assert warning["type"] == "Warning"
+    assert victim in warning["message"] and "OOMKilled" in warning["message"], warning["message"]
+    assert "exited with code 137" in warning["message"]
+
+
+def test_too_few_survivors_restart_the_gang_after_the_backoff(
+    kubectl: Kubectl, kwok_cluster: LocalCluster, namespace: str, running_operator: OperatorProcess
+) -> None:
+    before = start(kubectl, namespace, desired=2)  # min 2: losing one leaves too few
+    store_uid = store_pod(kubectl, namespace)["metadata"]["uid"]
+    victim = naming.worker_pod_name(JOB, 0)
+    kwok_cluster.finish_pod(namespace, victim, 1, message="ValueError: bad batch")
+
+    state = wait_status(kubectl, namespace, lambda s: s.get("attempt") == 1, "attempt 1")
+    assert (state["restarts"], state["restartsByReason"]) == (1, {"WorkerFailed": 1})
+    not_before = state["restartNotBefore"]
+    assert not_before, state
+    restart = wait_event(kubectl, namespace, "GangRestart", victim)
+    assert restart["type"] == "Warning"
+    assert victim in restart["message"] and "ValueError: bad batch" in restart["message"]
+    assert "attempt 1" in restart["message"] and "after 2s" in restart["message"], restart["message"]
+
+    after = wait_workers(
+        kubectl,
+        namespace,
+        lambda p: running_and_ready(p, set(before)) and set(attempts(p).values()) == {"1"},
+        "both workers recreated as attempt 1",
+    )
+    state = wait_running(kubectl, namespace, 2)
+    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (1, {"WorkerFailed": 1}, 1)
+    assert_healthy(state)
+    for name, pod in after.items():
+        assert pod["metadata"]["uid"] != before[name]["metadata"]["uid"]
+        # the backoff was respected: no pod of the new attempt exists before restartNotBefore
+        assert pod["metadata"]["creationTimestamp"] >= not_before, (pod["metadata"]["creationTimestamp"], not_before)
+        old_id, new_id = env(before[name])["PET_RDZV_ID"], env(pod)["PET_RDZV_ID"]
+        assert old_id and new_id and old_id != new_id and new_id.endswith("-1"), (old_id, new_id)
+        assert env(pod)["PHALANX_ATTEMPT"] == "1"
+    assert store_pod(kubectl, namespace)["metadata"]["uid"] == store_uid  # the store outlives worker failures
+
+
+def test_restart_budget_exhausted_fails_the_job(
+    kubectl: Kubectl, kwok_cluster: LocalCluster, namespace: str, running_operator: OperatorProcess
+) -> None:
+    start(kubectl, namespace, failurePolicy={"maxRestarts": 0, "backoffSeconds": 1})
+    victim = naming.worker_pod_name(JOB, 1)
+    kwok_cluster.finish_pod(namespace, victim, 1, message="AssertionError: loss is NaN")
+
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Failed", "phase Failed")
+    assert_failed(state, "RestartBudgetExhausted")
+    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (1, {"WorkerFailed": 1}, 0)
+    assert "maxRestarts (0)" in state["message"] and "loss is NaN" in state["message"], state["message"]
+    failed = wait_event(kubectl, namespace, "RestartBudgetExhausted")
+    assert failed["type"] == "Warning" and victim in failed["message"]
+    wait_no_pods(kubectl, namespace)
+
+
+# -- failures that are replaced without counting -------------------------------------------------
+
+
+def test_kubelet_eviction_is_replaced_without_counting(
+    kubectl: Kubectl, namespace: str, running_operator: OperatorProcess
+) -> None:
+    """A node-pressure eviction: the kubelet fails the pod (reason Evicted, DisruptionTarget)."""
+    before = start(kubectl, namespace)
+    victim = naming.worker_pod_name(JOB, 1)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    evicted = {
+        "status": {
+            "phase": "Failed",
+            "reason": "Evicted",
+            "message": "The node was low on resource: memory.",
+            "conditions": [
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "TerminationByKubelet",
+                    "message": "The node was low on resource: memory.",
+                    "lastTransitionTime": now,
+                },
+                {"type": "Ready", "status": "False", "reason": "PodFailed", "lastTransitionTime": now},
+            ],
+        }
+    }
+    kubectl.run(
+        "patch", "pod", victim, f"--namespace={namespace}", "--subresource=status", "--type=strategic",
+        "-p", json.dumps(evicted),
+    )  # fmt: skip
+
+    after = wait_workers(
+        kubectl,
+        namespace,
+        lambda p: replaced_and_running(p, before, victim),
+        "a new, running demo-worker-1",
+    )
+    state = wait_running(kubectl, namespace, 3)
+    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (0, {"Evicted": 1}, 0)
+    assert_healthy(state)
+    assert set(attempts(after).values()) == {"0"}
+    for name in (naming.worker_pod_name(JOB, 0), naming.worker_pod_name(JOB, 2)):
+        assert uids(after)[name] == uids(before)[name]
+    warning = wait_event(kubectl, namespace, "WorkerEvicted")
+    assert (
+        warning["type"] == "Warning" and victim in warning["message"] and "TerminationByKubelet" in warning["message"]
+    )
+
+
+def test_eviction_api_replaces_the_worker_without_counting(
+    kubectl: Kubectl, namespace: str, running_operator: OperatorProcess
+) -> None:
+    """The eviction subresource (what kubectl drain and the descheduler use).
+
+    The API server writes the DisruptionTarget condition, then deletes the pod: two watch events
+    milliseconds apart. A pass that runs between them reports the eviction (event WorkerEvicted,
+    restartsByReason Evicted); one that only sees the Terminating pod refills the slot silently.
+    Either way nothing is counted and only this worker is replaced; both outcomes are asserted.
+    """
+    before = start(kubectl, namespace)
+    victim = naming.worker_pod_name(JOB, 2)
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": victim, "namespace": namespace}}
+    kubectl.run(
+        "create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{victim}/eviction", "-f", "-",
+        input=json.dumps(eviction),
+    )  # fmt: skip
+
+    after = wait_workers(
+        kubectl,
+        namespace,
+        lambda p: replaced_and_running(p, before, victim),
+        "a new, running demo-worker-2",
+    )
+    state = wait_running(kubectl, namespace, 3)
+    assert (state["restarts"], state["attempt"]) == (0, 0)
+    assert_healthy(state)
+    assert set(attempts(after).values()) == {"0"}
+    for name in (naming.worker_pod_name(JOB, 0), naming.worker_pod_name(JOB, 1)):
+        assert uids(after)[name] == uids(before)[name]
+    warnings = [(reason, message) for kind, reason, message in event_summary(kubectl, namespace) if kind == "Warning"]
+    by_reason = state.get("restartsByReason") or {}
+    if by_reason:
+        assert by_reason == {"Evicted": 1}, by_reason
+        assert len(warnings) == 1 and warnings[0][0] == "WorkerEvicted", warnings
+        assert victim in warnings[0][1] and "EvictionByEvictionAPI" in warnings[0][1], warnings
+    else:
+        assert warnings == [], warnings
+
+
+ANTI_AFFINITY = {
+    "podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [
+            {
+                "labelSelector": {"matchLabels": {naming.JOB_NAME_LABEL: JOB, naming.ROLE_LABEL: naming.ROLE_WORKER}},
+                "topologyKey": "kubernetes.io/hostname",
+            }
+        ]
+    }
+}
+
+
+def _node_loss(
+    kubectl: Kubectl, namespace: str, break_node: Callable[[str], None], timeout: float
+) -> tuple[str, str, float]:
+    """Run a job with one worker per node of our pool of four, break the node of a worker that
+    shares it with no other pod of the job, and wait for the worker to be replaced on the free node.
+    Returns (victim, node, seconds from breaking the node to the replacement's creation)."""
+    # only on our own nodes (the store follows the nodeSelector), one worker per node
+    template = {"spec": {"containers": [TRAINER], "nodeSelector": {POOL_LABEL: POOL}, "affinity": ANTI_AFFINITY}}
+    before = start(kubectl, namespace, template=template)
+    store_node = node_of(store_pod(kubectl, namespace))
+    victim = next(name for name, pod in sorted(before.items()) if node_of(pod) != store_node)
+    node = node_of(before[victim])
+    broken = time.monotonic()
+    break_node(node)
+
+    seen: dict[str, float] = {}
+
+    def replaced(pods: dict[str, dict[str, Any]]) -> bool:
+        pod = pods.get(victim)
+        if pod is not None and pod["metadata"]["uid"] != before[victim]["metadata"]["uid"]:
+            seen.setdefault("created", time.monotonic())
+        return running_and_ready(pods, set(before)) and "created" in seen
+
+    after = wait_workers(kubectl, namespace, replaced, f"{victim} replaced away from node {node}", timeout=timeout)
+    assert node_of(after[victim]) != node
+    state = wait_running(kubectl, namespace, 3)
+    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (0, {"NodeLost": 1}, 0)
+    assert_healthy(state)
+    assert set(attempts(after).values()) == {"0"}
+    for name in set(before) - {victim}:
+        assert uids(after)[name] == uids(before)[name]
+    warning = wait_event(kubectl, namespace, "WorkerNodeLost")
+    assert warning["type"] == "Warning" and victim in warning["message"], warning["message"]
+    return victim, node, seen["created"] - broken
+
+
+def test_not_ready_node_is_acted_on_before_the_pod_eviction_timeout(
+    kubectl: Kubectl, namespace: str, running_operator: OperatorProcess, cluster_nodes: LocalCluster
+) -> None:
+    _, node, seconds = _node_loss(kubectl, namespace, cluster_nodes.set_node_not_ready, timeout=30)
+    warning = wait_event(kubectl, namespace, "WorkerNodeLost")
+    # acted on the node's Ready condition, not on the taint manager's eviction (10 s toleration)
+    assert f"is on node {node}, which is not ready" in warning["message"], warning["message"]
+    assert seconds < 8, f"replacement took {seconds:.1f}s after the node turned NotReady"
+
+
+def test_lost_node_worker_is_force_deleted_and_replaced(
+    kubectl: Kubectl, namespace: str, running_operator: OperatorProcess, cluster_nodes: LocalCluster
+) -> None:
+    """No more heartbeats: the node turns Unknown after the grace period (20 s) and no kubelet
+    will ever confirm the pod's deletion; the operator force-deletes it."""
+    _, node, seconds = _node_loss(kubectl, namespace, cluster_nodes.set_node_lost, timeout=50)
+    warning = wait_event(kubectl, namespace, "WorkerNodeLost")
+    assert f"is on node {node}, which is not ready" in warning["message"], warning["message"]
+    # the Ready condition turns Unknown after --node-monitor-grace-period (20 s); the taint manager
+    # would only evict 10 s later, and the evicted pod would stay Terminating forever
+    assert seconds < 28, f"replacement took {seconds:.1f}s after the node was lost"
+
+
+# -- failures that end the job at once -----------------------------------------------------------
+
+
+def test_image_pull_error_fails_the_job_fast(
+    kubectl: Kubectl, namespace: str, running_operator: OperatorProcess
+) -> None:
+    pull_message = 'Back-off pulling image "example/train:1"'
+    template = {
+        "metadata": {
+            "labels": {WAITING_REASON_LABEL: "ImagePullBackOff"},
+            "annotations": {WAITING_MESSAGE_ANNOTATION: pull_message},
+        },
+        "spec": {"containers": [TRAINER]},
+    }
+    create(kubectl, namespace, template=template)
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Failed", "phase Failed")
+    assert_failed(state, "ImagePullFailed")
+    assert "ImagePullBackOff" in state["message"] and pull_message in state["message"], state["message"]
+    assert (state["restarts"], state.get("restartsByReason") or {}, state["attempt"]) == (0, {}, 0)
+    failed = wait_event(kubectl, namespace, "ImagePullFailed")
+    assert failed["type"] == "Warning" and "ImagePullBackOff" in failed["message"]
+    wait_no_pods(kubectl, namespace)
+    assert not [r for _, r, _ in event_summary(kubectl, namespace) if r in ("GangRestart", "WorkerFailed")]
+
+
+def test_pod_refused_by_the_api_server_fails_the_job_fast(
+    kubectl: Kubectl, namespace: str, running_operator: OperatorProcess
+) -> None:
+    """The CRD keeps the pod template open, so a template the pod API refuses (requests above
+    limits) is only found out when the worker is created: fail with the API server's words."""
+    trainer = copy.deepcopy(TRAINER)
+    trainer["resources"] = {"requests": {"cpu": "8"}, "limits": {"cpu": "4"}}
+    create(kubectl, namespace, template={"spec": {"containers": [trainer]}})
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Failed", "phase Failed")
+    assert_failed(state, "PodRefused")
+    assert "demo-worker-" in state["message"] and "must be less than or equal to cpu limit" in state["message"], state[
+        "message"
+    ]
+    assert (state["restarts"], state.get("restartsByReason") or {}, state["attempt"]) == (0, {}, 0)
+    refused = wait_event(kubectl, namespace, "PodRefused")
+    assert refused["type"] == "Warning" and "demo-worker-" in refused["message"]
+    wait_no_pods(kubectl, namespace)
+
+
+def test_active_deadline_fails_the_job(kubectl: Kubectl, namespace: str, running_operator: OperatorProcess) -> None:
+    start(kubectl, namespace, activeDeadlineSeconds=4)
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Failed", "phase Failed", timeout=20)
+    assert_failed(state, "DeadlineExceeded")
+    assert "activeDeadlineSeconds (4)" in state["message"]
+    assert (state["restarts"], state["attempt"]) == (0, 0)
+    assert state["completionTime"] >= state["startTime"]
+    elapsed = _seconds(state["completionTime"]) - _seconds(state["startTime"])
+    assert 4 <= elapsed <= 10, elapsed
+    failed = wait_event(kubectl, namespace, "DeadlineExceeded")
+    assert failed["type"] == "Warning"
+    wait_no_pods(kubectl, namespace)
+
+
+def _seconds(stamp: str) -> float:
+    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+# -- changes made by people ----------------------------------------------------------------------
+
+
+def test_rescale_adds_and_removes_highest_workers_and_leaves_the_rest_running(
+    kubectl: Kubectl, namespace: str, running_operator: OperatorProcess
+) -> None:
+    before = start(kubectl, namespace)
+    kubectl.run("scale", f"tj/{JOB}", f"--namespace={namespace}", "--replicas=4")
+    four = {naming.worker_pod_name(JOB, i) for i in range(4)}
+    up = wait_workers(kubectl, namespace, lambda p: running_and_ready(p, four), "4 running workers")
+    state = wait_running(kubectl, namespace, 4)
+    assert (state["restarts"], state.get("restartsByReason") or {}, state["attempt"]) == (0, {}, 0)
+    assert state["replicas"] == 4 and state["workers"]["desired"] == 4
+    assert_healthy(state)
+    assert {name: uids(up)[name] for name in before} == uids(before)
+    assert set(attempts(up).values()) == {"0"}
+    assert wait_event(kubectl, namespace, "Rescaling", "from 3 to 4")["type"] == "Normal"
+
+    kubectl.run("scale", f"tj/{JOB}", f"--namespace={namespace}", "--replicas=2")
+    two = {naming.worker_pod_name(JOB, i) for i in range(2)}
+    down = wait_workers(kubectl, namespace, lambda p: running_and_ready(p, two), "only workers 0 and 1")
+    state = wait_running(kubectl, namespace, 2)
+    assert (state["restarts"], state.get("restartsByReason") or {}, state["attempt"]) == (0, {}, 0)
+    assert state["replicas"] == 2
+    assert_healthy(state)
+    assert uids(down) == {name: uids(before)[name] for name in two}
+    assert wait_event(kubectl, namespace, "Rescaling", "from 4 to 2")["type"] == "Normal"
+    assert not [r for t, r, _ in event_summary(kubectl, namespace) if t == "Warning"]
+
+
+def test_deleting_pods_by_hand_never_resets_the_restart_count(
+    kubectl: Kubectl, kwok_cluster: LocalCluster, namespace: str, running_operator: OperatorProcess
+) -> None:
+    # deleted workers stay Terminating for a moment, as real ones do while they shut down
+    template = {"metadata": {"annotations": {DELETE_DELAY_ANNOTATION: "1s"}}, "spec": {"containers": [TRAINER]}}
+    before = start(kubectl, namespace, template=template)
+    first, last = naming.worker_pod_name(JOB, 0), naming.worker_pod_name(JOB, 2)
+    kwok_cluster.finish_pod(namespace, first, 1)
+    wait_status(kubectl, namespace, lambda s: s.get("restarts") == 1, "restarts 1")
+    replaced = wait_workers(kubectl, namespace, lambda p: replaced_and_running(p, before, first), "worker 0 replaced")
+    wait_running(kubectl, namespace, 3)
+
+    # one worker deleted by hand, enough survivors: its slot is refilled in the same attempt, uncounted
+    kubectl.delete("pod", last, namespace, wait=False)
+    refilled = wait_workers(kubectl, namespace, lambda p: replaced_and_running(p, replaced, last), "worker 2 refilled")
+    state = wait_running(kubectl, namespace, 3)
+    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (1, {"WorkerFailed": 1}, 0)
+    assert set(attempts(refilled).values()) == {"0"}
+
+    # every worker deleted by hand: too few survivors, the gang restarts uncounted
+    kubectl.run("delete", "pod", *sorted(refilled), f"--namespace={namespace}", "--wait=false")
+    again = wait_workers(
+        kubectl,
+        namespace,
+        lambda p: running_and_ready(p, set(before)) and set(attempts(p).values()) == {"1"},
+        "all three workers recreated as attempt 1",
+    )
+    assert not set(uids(again).values()) & set(uids(refilled).values())
+    state = wait_running(kubectl, namespace, 3)
+    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (
+        1,
+        {"WorkerFailed": 1, "WorkersDeleted": 1},
+        1,
+    )
+    restart = wait_event(kubectl, namespace, "GangRestart", "attempt 1")
+    assert restart["type"] == "Warning" and "deleted" in restart["message"], restart["message"]
+
+    # losing the rendezvous store restarts the gang, uncounted; the budget stays spent
+    kubectl.delete("pod", naming.rendezvous_name(JOB), namespace, wait=False)
+    wait_workers(
+        kubectl,
+        namespace,
+        lambda p: running_and_ready(p, set(before)) and set(attempts(p).values()) == {"2"},
+        "the gang restarted as attempt 2",
+    )
+    state = wait_running(kubectl, namespace, 3)
+    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (
+        1,
+        {"RendezvousStoreLost": 1, "WorkerFailed": 1, "WorkersDeleted": 1},
+        2,
+    )
+    restarts = [m for _, r, m in event_summary(kubectl, namespace) if r == "GangRestart"]
+    assert any("rendezvous store" in m and "attempt 2" in m for m in restarts), restarts
+
+
+def test_suspend_stops_every_pod_and_resume_starts_a_new_attempt_without_counting(
+    kubectl: Kubectl, namespace: str, running_operator: OperatorProcess
+) -> None:
+    before = start(kubectl, namespace)
+    kubectl.run("patch", "tj", JOB, f"--namespace={namespace}", "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Suspended", "phase Suspended")
+    got = conditions(state)
+    assert got["Suspended"] == ("True", "Suspended") and got["Ready"][0] == "False" and got["Stalled"][0] == "False"
+    wait_no_pods(kubectl, namespace)
+    state = status(kubectl, namespace)
+    assert state["phase"] == "Suspended" and state["replicas"] == 0
+    assert (state["restarts"], state.get("restartsByReason") or {}, state["attempt"]) == (0, {}, 0)
+    assert wait_event(kubectl, namespace, "Suspended")["type"] == "Normal"
+
+    kubectl.run("patch", "tj", JOB, f"--namespace={namespace}", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    after = wait_workers(
+        kubectl,
+        namespace,
+        lambda p: running_and_ready(p, set(before)) and set(attempts(p).values()) == {"1"},
+        "three workers of attempt 1",
+    )
+    state = wait_running(kubectl, namespace, 3)
+    assert (state["restarts"], state.get("restartsByReason") or {}, state["attempt"]) == (0, {}, 1)
+    assert conditions(state)["Suspended"][0] == "False"
+    assert_healthy(state)
+    assert not set(uids(after).values()) & set(uids(before).values())
+    assert all(env(pod)["PET_RDZV_ID"].endswith("-1") for pod in after.values())  # type: ignore[union-attr]
+    resumed = wait_event(kubectl, namespace, "Resumed")
+    assert resumed["type"] == "Normal" and "attempt 1" in resumed["message"]
