@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import time
 from typing import Any
 
@@ -255,3 +256,32 @@ def test_operator_metrics_follow_the_job(
         timeout=20,
         what="the deleted job's series to go",
     )
+
+
+def test_a_horizontal_pod_autoscaler_can_drive_the_scale_subresource(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess, gpu_nodes: list[str]
+) -> None:
+    create(kubectl, namespace, **GPU_JOB)
+    wait_phase(kubectl, namespace, "Running", timeout=60)
+    scale = json.loads(kubectl.run("get", "--raw",
+                                   f"/apis/phalanx.dev/v1alpha1/namespaces/{namespace}/trainingjobs/demo/scale").stdout)
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+    assert scale["status"]["selector"] == "phalanx.dev/job-name=demo,phalanx.dev/role=worker"
+    kubectl.create({
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "demo"},
+        "spec": {"scaleTargetRef": {"apiVersion": "phalanx.dev/v1alpha1", "kind": "TrainingJob", "name": "demo"},
+                 "minReplicas": 2, "maxReplicas": 4,
+                 "metrics": [{"type": "Resource", "resource": {"name": "cpu",
+                                                               "target": {"type": "Utilization",
+                                                                          "averageUtilization": 50}}}]},
+    }, namespace=namespace)
+
+    def able_to_scale() -> bool:
+        hpa = kubectl.get("hpa", "demo", namespace) or {}
+        conditions = {c["type"]: c for c in (hpa.get("status") or {}).get("conditions", [])}
+        able = conditions.get("AbleToScale", {})
+        return able.get("status") == "True" and able.get("reason") == "SucceededGetScale"
+
+    # No metrics server runs here, so the HPA cannot compute a target; what matters is that the
+    # HPA controller reads the job through the scale subresource, as it would to change it.
+    kubectl.wait_for(able_to_scale, timeout=60, interval=1.0, what="HPA AbleToScale/SucceededGetScale")

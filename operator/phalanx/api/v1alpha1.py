@@ -508,21 +508,6 @@ class WorkerCounts(ApiModel):
     ready: int = 0
     """Active worker pods that are ready."""
 
-    world_size: int | None = None
-    """Workers in the current torchrun world, as last reported by the workers."""
-
-
-class CheckpointInfo(ApiModel):
-    """The latest complete checkpoint the workers reported."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    step: int
-    """Training step of the checkpoint."""
-
-    time: str | None = None
-    """When it was committed."""
-
 
 class TrainingJobStatus(ApiModel):
     """The observed state of a TrainingJob, written only by the operator."""
@@ -574,9 +559,6 @@ class TrainingJobStatus(ApiModel):
 
     restart_not_before: str | None = None
     """The next gang attempt is not started before this time (backoff)."""
-
-    last_checkpoint: CheckpointInfo | None = None
-    """Latest complete checkpoint reported by the workers."""
 
     conditions: list[Condition] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}

@@ -77,7 +77,6 @@ class _Memory:
     start_time: str | None
     completion_time: str | None
     restart_not_before: str | None
-    last_checkpoint: dict[str, Any] | None
 
     @classmethod
     def of(cls, status: api.TrainingJobStatus) -> _Memory:
@@ -88,9 +87,6 @@ class _Memory:
             start_time=status.start_time,
             completion_time=status.completion_time,
             restart_not_before=status.restart_not_before,
-            last_checkpoint=status.last_checkpoint.model_dump(by_alias=True, exclude_none=True)
-            if status.last_checkpoint
-            else None,
         )
 
 
@@ -440,7 +436,6 @@ class _Pass:
         if view.phase != previous.phase and not self.events:
             kind: Literal["Normal", "Warning"] = "Warning" if view.phase in ("Failed", "Restarting") else "Normal"
             self.events.append(Event(kind, view.reason, f"{previous.phase or 'New'} -> {view.phase}: {view.message}"))
-        world = previous.workers.world_size if previous.workers else None
         status: dict[str, Any] = {
             "observedGeneration": job.metadata.generation,
             "phase": view.phase,
@@ -453,7 +448,6 @@ class _Pass:
                 "desired": wanted,
                 "active": len(still_active),
                 "ready": ready,
-                **({"worldSize": world} if world is not None else {}),
             },
             "replicas": len(still_active),
             "selector": naming.worker_selector(job.metadata.name),
@@ -471,7 +465,6 @@ class _Pass:
             ("startTime", memory.start_time),
             ("completionTime", memory.completion_time),
             ("restartNotBefore", memory.restart_not_before),
-            ("lastCheckpoint", memory.last_checkpoint),
         ):
             status[key] = value
         return Plan(
