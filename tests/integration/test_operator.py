@@ -263,18 +263,30 @@ def test_a_horizontal_pod_autoscaler_can_drive_the_scale_subresource(
 ) -> None:
     create(kubectl, namespace, **GPU_JOB)
     wait_phase(kubectl, namespace, "Running", timeout=60)
-    scale = json.loads(kubectl.run("get", "--raw",
-                                   f"/apis/phalanx.dev/v1alpha1/namespaces/{namespace}/trainingjobs/demo/scale").stdout)
+    scale = json.loads(
+        kubectl.run("get", "--raw", f"/apis/phalanx.dev/v1alpha1/namespaces/{namespace}/trainingjobs/demo/scale").stdout
+    )
     assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
     assert scale["status"]["selector"] == "phalanx.dev/job-name=demo,phalanx.dev/role=worker"
-    kubectl.create({
-        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "demo"},
-        "spec": {"scaleTargetRef": {"apiVersion": "phalanx.dev/v1alpha1", "kind": "TrainingJob", "name": "demo"},
-                 "minReplicas": 2, "maxReplicas": 4,
-                 "metrics": [{"type": "Resource", "resource": {"name": "cpu",
-                                                               "target": {"type": "Utilization",
-                                                                          "averageUtilization": 50}}}]},
-    }, namespace=namespace)
+    kubectl.create(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "demo"},
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "phalanx.dev/v1alpha1", "kind": "TrainingJob", "name": "demo"},
+                "minReplicas": 2,
+                "maxReplicas": 4,
+                "metrics": [
+                    {
+                        "type": "Resource",
+                        "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}},
+                    }
+                ],
+            },
+        },
+        namespace=namespace,
+    )
 
     def able_to_scale() -> bool:
         hpa = kubectl.get("hpa", "demo", namespace) or {}

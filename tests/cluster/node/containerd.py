@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .util import HostProcess, pid_alive, read_pid, run, stop_pid, wait_for
+from .host import HostProcess, pid_alive, read_pid, run, stop_pid, wait_for
 
 NAMESPACE = "k8s.io"
 PINNED_LABEL = "io.cri-containerd.pinned=pinned"

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import oci
-from .util import NODE_DIR, REPO_ROOT, cache_dir, hash_inputs, node_cache_dir, run
+from .host import NODE_DIR, REPO_ROOT, cache_dir, hash_inputs, node_cache_dir, run
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from . import images
 from .containerd import Containerd, remove_empty_default_dirs
-from .util import (
+from .host import (
     NODE_DIR,
     HostProcess,
     free_port,

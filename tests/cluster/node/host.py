@@ -1,4 +1,4 @@
-"""Small helpers shared by the real-node tier: cache dir, host processes, networking facts."""
+"""This host, as the real-node tier uses it: cache directories, processes, networking facts."""
 
 from __future__ import annotations
 

@@ -1,0 +1,331 @@
+"""The Helm chart on the real node: install with the locally built operator image (the
+Dockerfile's ``operator`` target, see tests/cluster/node/operator_image.py), run the CPU example,
+scrape /metrics of the operator (through its metrics Service) and of a worker pod, upgrade the
+release, uninstall it, and check that the CRD and the TrainingJob survive (resource-policy keep).
+
+The release namespace enforces Pod Security "restricted", so the operator pod passing admission
+is part of the test. The module starts its own cluster (``real_cluster`` is module-scoped) and does
+not use the ``kubectl`` fixture: that one applies the CRD outside Helm, and ``helm install`` would
+then refuse to adopt it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from phalanx.api import crd
+from phalanx.reconcile import naming
+from tests.cluster import binaries
+from tests.cluster.kube import Kubectl
+from tests.cluster.node import operator_image as opimage
+
+pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "phalanx"
+RELEASE = "phalanx"  # contains the chart's name, so the full name is "phalanx"
+RELEASE_NS = "phalanx-system"
+DEPLOYMENT = RELEASE
+METRICS_SERVICE = f"{RELEASE}-metrics"
+IMAGE_VALUES = [
+    f"image.repository={opimage.REPOSITORY}",
+    f"image.tag={opimage.TAG}",
+    "image.pullPolicy=Never",
+]
+WORKER_METRICS_PORT = 9400
+
+Metrics = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def metric(e2e: str, value: float) -> None:
+    print(f"E2E-METRIC {e2e} {value:.1f}s")
+
+
+# ------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def operator_image() -> Any:
+    """The operator image archive (built once per change of its inputs, seconds when cached)."""
+    if os.geteuid() != 0:
+        pytest.fail("the end-to-end tier runs dockerd and a kubelet and needs root")
+    t0 = time.monotonic()
+    report = opimage.build_operator_image()
+    state = "cached" if report.cached else f"built {report.timings}"
+    print(f"operator image {report.archive.name}: {state}, sizes {report.sizes}")
+    metric("operator image build" + (" (cached)" if report.cached else ""), time.monotonic() - t0)
+    return report
+
+
+@pytest.fixture(scope="module")
+def kube(operator_image: Any, real_cluster: Any) -> Kubectl:
+    """A client for the module's cluster, with the operator image imported into the real node."""
+    from tests.cluster.node.realnode import RealNode
+
+    node = next(c for c in real_cluster.extra_components if isinstance(c, RealNode))
+    took = opimage.import_operator_image(node.containerd, operator_image)
+    if took is not None:
+        metric("operator image import into containerd", took)
+    return Kubectl(real_cluster.kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def helm(kube: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., str]:
+    binary = binaries.ensure_binaries(["helm"])["helm"]
+    home = tmp_path_factory.mktemp("helm-home")
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": str(home / "cache"),
+        "HELM_CONFIG_HOME": str(home / "config"),
+        "HELM_DATA_HOME": str(home / "data"),
+    }
+
+    def run(*args: str, timeout: float = 240) -> str:
+        import subprocess
+
+        proc = subprocess.run(
+            [str(binary), f"--kubeconfig={kube.kubeconfig}", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
+        return proc.stdout
+
+    return run
+
+
+@pytest.fixture
+def operator_logs(kube: Kubectl, request: pytest.FixtureRequest) -> Iterator[None]:
+    """Prints the operator pod's log when the test fails."""
+    failed_before = request.session.testsfailed
+    yield
+    if request.session.testsfailed > failed_before:  # the call's report is logged before teardown
+        proc = kube.run("logs", f"deployment/{DEPLOYMENT}", f"--namespace={RELEASE_NS}", "--tail=80", check=False)
+        print(f"--- operator log (tail) ---\n{proc.stdout}{proc.stderr}")
+
+
+@pytest.fixture
+def job_namespace(kube: Kubectl) -> Iterator[str]:
+    name = f"e2e-helm-{uuid.uuid4().hex[:6]}"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kube.wait_for(lambda: kube.get("serviceaccount", "default", name), timeout=30, what="default SA")
+    yield name
+    kube.delete("namespace", name, wait=False)
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def parse(text: str) -> Metrics:
+    out: Metrics = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return out
+
+
+def value(metrics: Metrics, sample: str, /, **labels: str) -> float | None:
+    """Sum of the samples ``sample`` whose labels include ``labels``; None when there are none."""
+    found = [v for sample_labels, v in metrics.get(sample, []) if labels.items() <= sample_labels.items()]
+    return sum(found) if found else None
+
+
+def scrape_operator(kube: Kubectl) -> Metrics:
+    path = f"/api/v1/namespaces/{RELEASE_NS}/services/{METRICS_SERVICE}:metrics/proxy/metrics"
+    return parse(kube.run("get", "--raw", path, timeout=15).stdout)
+
+
+def scrape_pod(kube: Kubectl, namespace: str, pod: str) -> Metrics:
+    path = f"/api/v1/namespaces/{namespace}/pods/{pod}:{WORKER_METRICS_PORT}/proxy/metrics"
+    return parse(kube.run("get", "--raw", path, timeout=15).stdout)
+
+
+def try_scrape(scrape: Callable[[], Metrics]) -> Metrics | None:
+    try:
+        return scrape()
+    except Exception:  # not serving (yet, or any more)
+        return None
+
+
+def operator_pod(kube: Kubectl) -> dict[str, Any]:
+    pods = kube.list("pods", RELEASE_NS, f"app.kubernetes.io/name=phalanx,app.kubernetes.io/instance={RELEASE}")
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return pods[0]
+
+
+def ready_operator_pod(kube: Kubectl, not_uid: str | None = None) -> dict[str, Any] | None:
+    """The operator pod once it is Ready (and is not the pod ``not_uid``)."""
+    pod = operator_pod(kube)
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+    return pod if ready and pod["metadata"]["uid"] != not_uid else None
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def logs(kube: Kubectl, namespace: str, pod: str) -> str:
+    return kube.run("logs", pod, f"--namespace={namespace}", check=False).stdout
+
+
+def tj_status(kube: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    return ((kube.get("tj", name, namespace) or {}).get("status")) or {}
+
+
+def job_body(name: str, desired: int = 2, steps: int = 200) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "cpu-gloo.yaml").read_text())
+    body["metadata"]["name"] = name
+    body["spec"]["workers"]["desired"] = desired
+    args = body["spec"]["template"]["spec"]["containers"][0]["args"]
+    args[args.index("--steps") + 1] = str(steps)
+    return body
+
+
+# ------------------------------------------------------------------------------------ the test
+
+
+@pytest.mark.usefixtures("operator_logs")
+def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[..., str], job_namespace: str) -> None:
+    ns = job_namespace
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {
+                "name": RELEASE_NS,
+                "labels": {
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "latest",
+                },
+            },
+        }
+    )
+
+    # --- install: the operator runs as a pod on the real node, from the local image
+    t0 = time.monotonic()
+    sets = [arg for value in IMAGE_VALUES for arg in ("--set", value)]
+    helm("install", RELEASE, str(CHART), f"--namespace={RELEASE_NS}", *sets, "--wait", "--timeout=180s")
+    pod = kube.wait_for(lambda: ready_operator_pod(kube), timeout=120, interval=0.5, what="operator Ready")
+    metric("helm install to operator Ready", time.monotonic() - t0)
+    assert pod["spec"]["nodeName"] == "real-node"
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == opimage.OPERATOR_REF and container["imagePullPolicy"] == "Never"
+    assert env_of(container)["PHALANX_RECONCILE_WORKERS"] == "8"
+    assert kube.get("crd", crd.CRD_NAME) is not None
+    kube.run("wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")
+    baseline = kube.wait_for(lambda: scrape_operator(kube), timeout=60, interval=0.5, what="operator /metrics")
+    metric("helm install to operator /metrics answering", time.monotonic() - t0)
+    reconciles_before = value(baseline, "controller_runtime_reconcile_total") or 0.0
+
+    # --- the CPU example succeeds; both /metrics endpoints move while it runs
+    t_job = time.monotonic()
+    kube.create(job_body("cpu-gloo"), namespace=ns)
+    worker = "cpu-gloo-worker-0"
+    samples: list[tuple[float, float]] = []  # (phalanx_worker_steps_total, phalanx_worker_world_size)
+    phases_seen: set[str] = set()
+
+    def progressed() -> dict[str, Any] | None:
+        status = tj_status(kube, ns, "cpu-gloo")
+        operator = try_scrape(lambda: scrape_operator(kube))
+        for phase in ("Starting", "Running", "Succeeded"):
+            if operator and value(operator, "phalanx_job_phase", namespace=ns, name="cpu-gloo", phase=phase) == 1:
+                phases_seen.add(phase)
+        if status.get("phase") in ("Running", "Rescaling"):
+            scraped = try_scrape(lambda: scrape_pod(kube, ns, worker))
+            if scraped and (steps := value(scraped, "phalanx_worker_steps_total")) is not None:
+                sample = (steps, value(scraped, "phalanx_worker_world_size") or 0.0)
+                if not samples or sample != samples[-1]:
+                    samples.append(sample)
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+    final = kube.wait_for(progressed, timeout=300, interval=1.0, what="cpu-gloo to finish")
+    metric("cpu-gloo created to Succeeded", time.monotonic() - t_job)
+    assert final["phase"] == "Succeeded", final
+    print(f"worker-0 (steps, world size) seen: {samples}; operator phases seen: {sorted(phases_seen)}")
+    if any(later[0] < earlier[0] for earlier, later in itertools.pairwise(samples)):  # the world was re-formed
+        joined = [line for line in logs(kube, ns, worker).splitlines() if "joined" in line or "attempt" in line]
+        print(f"worker-0 restarted its training (status restarts {final.get('restarts')}): {joined}")
+    # the counter went up within one world of both workers
+    assert any(
+        later[0] > earlier[0] and earlier[1] == later[1] == 2 for earlier, later in itertools.pairwise(samples)
+    ), samples
+    assert "Running" in phases_seen, phases_seen
+
+    def operator_shows_success() -> Metrics | None:
+        now = scrape_operator(kube)
+        done = value(now, "phalanx_job_phase", namespace=ns, name="cpu-gloo", phase="Succeeded") == 1
+        return now if done else None
+
+    after = kube.wait_for(operator_shows_success, timeout=60, interval=0.5, what="phalanx_job_phase Succeeded")
+    assert value(after, "phalanx_job_phase", namespace=ns, name="cpu-gloo", phase="Running") == 0
+    assert (value(after, "controller_runtime_reconcile_total", controller="trainingjob") or 0) > reconciles_before
+    assert value(after, "phalanx_jobs", phase="Succeeded") == 1
+    startup = value(after, "phalanx_job_startup_duration_seconds_count", namespace=ns)
+    assert startup == 1, startup
+
+    # --- upgrade: a changed value rolls the Deployment; the new operator reconciles the jobs
+    old_uid = pod["metadata"]["uid"]
+    t_up = time.monotonic()
+    helm(
+        "upgrade", RELEASE, str(CHART), f"--namespace={RELEASE_NS}", "--reuse-values",
+        "--set", "operator.reconcileWorkers=3", "--wait", "--timeout=180s",
+    )  # fmt: skip
+    kube.run(
+        "rollout", "status", f"deployment/{DEPLOYMENT}", f"--namespace={RELEASE_NS}", "--timeout=120s", timeout=130
+    )
+    deployment = kube.get("deployment", DEPLOYMENT, RELEASE_NS)
+    assert deployment is not None
+    assert env_of(deployment["spec"]["template"]["spec"]["containers"][0])["PHALANX_RECONCILE_WORKERS"] == "3"
+    assert deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "2"
+    new_pod = kube.wait_for(
+        lambda: ready_operator_pod(kube, not_uid=old_uid),
+        timeout=120,
+        interval=0.5,
+        what="the upgraded operator pod Ready",
+    )
+    metric("helm upgrade to new operator Ready", time.monotonic() - t_up)
+    assert env_of(new_pod["spec"]["containers"][0])["PHALANX_RECONCILE_WORKERS"] == "3"
+    assert "2" in helm("history", RELEASE, f"--namespace={RELEASE_NS}", "--output=yaml")
+    # a fresh process: its metrics only know cpu-gloo because it reconciled it after starting
+    kube.wait_for(operator_shows_success, timeout=60, interval=0.5, what="the new operator reconciled cpu-gloo")
+    t_second = time.monotonic()
+    kube.create(job_body("after-upgrade", desired=1, steps=30), namespace=ns)
+    second = kube.wait_for(
+        lambda: (s := tj_status(kube, ns, "after-upgrade")).get("phase") in ("Succeeded", "Failed") and s,
+        timeout=180,
+        interval=0.5,
+        what="after-upgrade to finish",
+    )
+    metric("after-upgrade job created to Succeeded", time.monotonic() - t_second)
+    assert second["phase"] == "Succeeded", second
+
+    # --- uninstall: the operator goes, the CRD and the TrainingJobs stay
+    helm("uninstall", RELEASE, f"--namespace={RELEASE_NS}", "--wait", "--timeout=120s")
+    kube.wait_for(
+        lambda: not kube.list("pods", RELEASE_NS), timeout=120, interval=0.5, what="the operator pod to go away"
+    )
+    assert kube.get("deployment", DEPLOYMENT, RELEASE_NS) is None
+    assert kube.get("service", METRICS_SERVICE, RELEASE_NS) is None
+    assert kube.get("clusterrole", RELEASE) is None
+    assert kube.get("serviceaccount", RELEASE, RELEASE_NS) is None
+    kept = kube.get("crd", crd.CRD_NAME)
+    assert kept is not None and kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert tj_status(kube, ns, "cpu-gloo")["phase"] == "Succeeded"
+    assert tj_status(kube, ns, "after-upgrade")["phase"] == "Succeeded"
+    assert kube.list("pods", ns, f"{naming.JOB_NAME_LABEL}=cpu-gloo")  # nothing deleted the workers
+    assert RELEASE not in helm("list", f"--namespace={RELEASE_NS}", "--short")
