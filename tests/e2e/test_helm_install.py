@@ -190,7 +190,7 @@ def tj_status(kube: Kubectl, namespace: str, name: str) -> dict[str, Any]:
 def job_body(name: str, desired: int = 2, steps: int = 200) -> dict[str, Any]:
     body: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "cpu-gloo.yaml").read_text())
     body["metadata"]["name"] = name
-    body["spec"]["workers"]["desired"] = desired
+    body["spec"]["workers"].update(min=min(desired, body["spec"]["workers"]["min"]), desired=desired)
     args = body["spec"]["template"]["spec"]["containers"][0]["args"]
     args[args.index("--steps") + 1] = str(steps)
     return body
