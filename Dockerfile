@@ -25,5 +25,6 @@ FROM ${BASE_IMAGE} AS trainer
 ARG TORCH_VERSION=2.13.0
 RUN python3 -m pip install --no-cache-dir "torch==${TORCH_VERSION}"
 COPY --from=wheel /wheels /wheels
-RUN python3 -m pip install --no-cache-dir --no-deps /wheels/*.whl && rm -rf /wheels
+# The worker extra brings numpy (torch.distributed.checkpoint) and prometheus-client (worker metrics).
+RUN python3 -m pip install --no-cache-dir "$(ls /wheels/*.whl)[worker]" && rm -rf /wheels
 WORKDIR /workspace
