@@ -34,9 +34,9 @@ binaries:  ## Kubernetes, etcd, KWOK, CoreDNS, helm built from Go modules (cache
 packages:  ## Debian packages of the real node: containerd, runc, CNI plugins, debootstrap, ...
 	tests/cluster/node/install-packages.sh
 
-images: venv packages  ## pause, trainer and operator images, built locally, cached by input hash
+images: venv packages  ## pause image, wheel cache; operator and trainer from the Dockerfile (cached by input hash)
 	$(BIN)/python -m tests.cluster.node.images
-	$(BIN)/python -m tests.cluster.node.operator_image
+	$(BIN)/python -m tests.cluster.node.dockerfile_images operator trainer
 
 up: torch binaries images  ## local cluster + operator + the CPU example training (or the cluster in $$KUBECONFIG)
 	$(BIN)/python -m tests.cluster.quickstart up

@@ -112,9 +112,15 @@ class Kubectl:
 
     @staticmethod
     def wait_for(
-        predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.2, what: str = "condition"
+        predicate: Callable[[], T],
+        timeout: float = 30.0,
+        interval: float = 0.2,
+        what: str | Callable[[], str] = "condition",
     ) -> T:
-        """Poll until predicate() returns something truthy (exceptions count as falsy)."""
+        """Poll until predicate() returns something truthy (exceptions count as falsy).
+
+        ``what`` names the wait in the timeout error; a callable is asked at the deadline, so
+        it can describe the state the wait ended in."""
         deadline = time.monotonic() + timeout
         last_exc: BaseException | None = None
         while True:
@@ -125,6 +131,11 @@ class Kubectl:
             except Exception as e:
                 last_exc = e
             if time.monotonic() > deadline:
+                if callable(what):
+                    try:
+                        what = what()
+                    except Exception as e:  # the description must not hide the timeout
+                        what = f"(state unavailable: {e})"
                 raise TimeoutError(
                     f"timed out after {timeout}s waiting for {what}" + (f": {last_exc}" if last_exc else "")
                 )

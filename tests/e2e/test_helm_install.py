@@ -1,5 +1,5 @@
 """The Helm chart on the real node: install with the locally built operator image (the
-Dockerfile's ``operator`` target, see tests/cluster/node/operator_image.py), run the CPU example,
+Dockerfile's ``operator`` target, see tests/cluster/node/dockerfile_images.py), run the CPU example,
 scrape /metrics of the operator (through its metrics Service) and of a worker pod, upgrade the
 release, uninstall it, and check that the CRD and the TrainingJob survive (resource-policy keep).
 
@@ -27,7 +27,7 @@ from phalanx.api import crd
 from phalanx.reconcile import naming
 from tests.cluster import binaries
 from tests.cluster.kube import Kubectl
-from tests.cluster.node import operator_image as opimage
+from tests.cluster.node import dockerfile_images
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
@@ -37,9 +37,10 @@ RELEASE = "phalanx"  # contains the chart's name, so the full name is "phalanx"
 RELEASE_NS = "phalanx-system"
 DEPLOYMENT = RELEASE
 METRICS_SERVICE = f"{RELEASE}-metrics"
+OPERATOR_REPOSITORY, OPERATOR_TAG = dockerfile_images.REFS["operator"].rsplit(":", 1)
 IMAGE_VALUES = [
-    f"image.repository={opimage.REPOSITORY}",
-    f"image.tag={opimage.TAG}",
+    f"image.repository={OPERATOR_REPOSITORY}",
+    f"image.tag={OPERATOR_TAG}",
     "image.pullPolicy=Never",
 ]
 WORKER_METRICS_PORT = 9400
@@ -55,25 +56,20 @@ def metric(e2e: str, value: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def operator_image() -> Any:
-    """The operator image archive (built once per change of its inputs, seconds when cached)."""
-    if os.geteuid() != 0:
-        pytest.fail("the end-to-end tier runs dockerd and a kubelet and needs root")
-    t0 = time.monotonic()
-    report = opimage.build_operator_image()
-    state = "cached" if report.cached else f"built {report.timings}"
-    print(f"operator image {report.archive.name}: {state}, sizes {report.sizes}")
-    metric("operator image build" + (" (cached)" if report.cached else ""), time.monotonic() - t0)
-    return report
-
-
-@pytest.fixture(scope="module")
-def kube(operator_image: Any, real_cluster: Any) -> Kubectl:
-    """A client for the module's cluster, with the operator image imported into the real node."""
+def kube(real_cluster: Any) -> Kubectl:
+    """A client for the module's cluster, with the operator image (built from the Dockerfile
+    once per change of its inputs) imported into the real node."""
     from tests.cluster.node.realnode import RealNode
 
+    if os.geteuid() != 0:
+        pytest.fail("the end-to-end tier runs dockerd and a kubelet and needs root")
     node = next(c for c in real_cluster.extra_components if isinstance(c, RealNode))
-    took = opimage.import_operator_image(node.containerd, operator_image)
+    build, took = dockerfile_images.import_into(node.containerd, "operator")
+    if build is not None:
+        state = "cached" if build.cached else f"built {build.timings}"
+        print(f"operator image {build.key}: {state}, sizes {build.sizes}")
+        if not build.cached:
+            metric("operator image build", build.timings.get("total", 0.0))
     if took is not None:
         metric("operator image import into containerd", took)
     return Kubectl(real_cluster.kubeconfig)
@@ -224,7 +220,7 @@ def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[.
     metric("helm install to operator Ready", time.monotonic() - t0)
     assert pod["spec"]["nodeName"] == "real-node"
     container = pod["spec"]["containers"][0]
-    assert container["image"] == opimage.OPERATOR_REF and container["imagePullPolicy"] == "Never"
+    assert container["image"] == dockerfile_images.REFS["operator"] and container["imagePullPolicy"] == "Never"
     assert env_of(container)["PHALANX_RECONCILE_WORKERS"] == "8"
     assert kube.get("crd", crd.CRD_NAME) is not None
     kube.run("wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")

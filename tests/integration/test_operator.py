@@ -47,11 +47,26 @@ def job_status(kubectl: Kubectl, namespace: str, name: str = "demo") -> dict[str
     return (got or {}).get("status") or {}
 
 
+def describe(kubectl: Kubectl, namespace: str, name: str = "demo") -> str:
+    """The job's status and its pods (node, phase, conditions): what a timeout message needs."""
+    status = job_status(kubectl, namespace, name)
+    lines = [f"status {json.dumps({k: v for k, v in status.items() if k != 'conditions'})}"]
+    for pod in kubectl.list("pods", namespace, f"{naming.JOB_NAME_LABEL}={name}"):
+        conditions = {c["type"]: f"{c['status']}/{c.get('reason', '')}" for c in pod["status"].get("conditions", [])}
+        lines.append(
+            f"pod {pod['metadata']['name']} node={pod['spec'].get('nodeName')} phase={pod['status'].get('phase')}"
+            f" deleting={bool(pod['metadata'].get('deletionTimestamp'))} {conditions}"
+        )
+    nodes = kubectl.run("describe", "nodes", "-l", "type=kwok").stdout
+    allocated = [line.strip() for line in nodes.splitlines() if line.strip().startswith(("Name:", "nvidia.com/gpu"))]
+    return "\n".join(lines + allocated)
+
+
 def wait_phase(kubectl: Kubectl, namespace: str, phase: str, name: str = "demo", timeout: float = 60) -> dict[str, Any]:
     return kubectl.wait_for(
         lambda: (s := job_status(kubectl, namespace, name)).get("phase") == phase and s,
         timeout=timeout,
-        what=f"phase {phase}; last status {job_status(kubectl, namespace, name)}",
+        what=lambda: f"phase {phase}; now:\n{describe(kubectl, namespace, name)}",
     )
 
 

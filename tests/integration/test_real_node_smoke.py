@@ -1,13 +1,14 @@
 """Smoke tests of the real-node tier: a kubelet + containerd on this host really runs pods.
 
 Needs root and the binaries from tests/cluster/binaries.py; the first run builds the trainer
-image (debootstrap + torch, several minutes) into the cache. Run with::
+image (the Dockerfile's ``trainer`` target: debootstrap + torch, several minutes) into the cache. Run with::
 
     pytest -m realnode tests/integration/test_real_node_smoke.py
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import time
@@ -169,18 +170,16 @@ def test_trainer_pod_imports_torch(real_node, namespace):
 
 
 def test_trainer_image_has_phalanx(real_node, namespace):
-    """The operator will run from this image: phalanx (installed from this repository) imports."""
+    """The Dockerfile's trainer target: phalanx of this checkout (with the worker extra) and torchrun."""
     name = "phalanx-import"
-    _apply(
-        real_node,
-        _pod(real_node, name, namespace, ["sh", "-c", (
-            "python3 -c \"import phalanx; print('phalanx at', phalanx.__file__)\" && "
-            "echo script $(command -v phalanx) $(head -1 $(command -v phalanx))")]),
-    )  # fmt: skip
+    script = (
+        "import importlib.metadata as m, shutil, phalanx.worker.metrics, prometheus_client, numpy; "
+        "print('phalanx', m.version('phalanx'), 'torchrun', shutil.which('torchrun'))"
+    )
+    _apply(real_node, _pod(real_node, name, namespace, ["python3", "-c", script]))
     _wait_phase(real_node, name, namespace, timeout=120)
     logs = _logs(real_node, name, namespace)
-    assert "phalanx at /opt/phalanx/site/phalanx/__init__.py" in logs, logs
-    assert "script /opt/phalanx/site/bin/phalanx #!/opt/venv/bin/python3" in logs, logs
+    assert f"phalanx {importlib.metadata.version('phalanx')} torchrun /usr/local/bin/torchrun" in logs, logs
 
 
 PEER_SCRIPT = r"""

@@ -16,8 +16,8 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from .host import HostProcess, pid_alive, read_pid, run, stop_pid, wait_for
 
@@ -259,14 +259,27 @@ disabled_plugins = [
         return result
 
     def import_image(self, tarball: Path, labels: dict[str, str] | None = None, timeout: float = 1800) -> float:
-        """``ctr images import`` (unpacked for overlayfs), then label every imported ref with
-        the CRI pinned label (ctr 1.6's import has no --label). Returns seconds taken."""
+        """``ctr images import`` of an archive file; see :meth:`import_stream`."""
         t0 = time.monotonic()
-        self.ctr("images", "import", "--snapshotter", "overlayfs", str(tarball), timeout=timeout)
-        all_labels = {"io.cri-containerd.pinned": "pinned", **(labels or {})}
-        for ref in archive_refs(tarball):
-            self.ctr("images", "label", ref, *[f"{k}={v}" for k, v in all_labels.items()])
+        with tarball.open("rb") as stream:
+            self.import_stream(stream, archive_refs(tarball), labels=labels, timeout=timeout)
         return time.monotonic() - t0
+
+    def import_stream(
+        self, stream: IO[bytes] | None, refs: list[str], labels: dict[str, str] | None = None, timeout: float = 1800
+    ) -> None:
+        """``ctr images import -`` (unpacked for overlayfs) from a tar stream, then label every
+        ref with the CRI pinned label and ``labels`` (ctr 1.6's import has no --label)."""
+        proc = subprocess.run(
+            ["ctr", "--address", str(self.socket), "--namespace", NAMESPACE, "images", "import",
+             "--snapshotter", "overlayfs", "-"],
+            stdin=stream, capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        if proc.returncode != 0:
+            raise RuntimeError(f"ctr images import failed ({proc.returncode}): {proc.stderr}")
+        all_labels = {"io.cri-containerd.pinned": "pinned", **(labels or {})}
+        for ref in refs:
+            self.ctr("images", "label", ref, *[f"{k}={v}" for k, v in all_labels.items()])
 
     def image_labels(self, ref: str) -> dict[str, str] | None:
         """Labels of image ``ref``, or None if it is not present."""
@@ -279,45 +292,13 @@ disabled_plugins = [
             return {}
         return dict(kv.split("=", 1) for kv in last.split(",") if "=" in kv)
 
-    def has_blobs(self, digests: list[str] | tuple[str, ...]) -> bool:
-        if not digests:
-            return True
-        present = {line.split()[0] for line in self.ctr("content", "ls").stdout.splitlines()[1:] if line.strip()}
-        return all(d in present for d in digests)
-
-    def ensure_image(
-        self,
-        tarball: Path | Callable[[], Path],
-        key: str,
-        refs: list[str] | None = None,
-        thin: Path | None = None,
-        thin_needs: list[str] | tuple[str, ...] = (),
-    ) -> float | None:
-        """Import an image archive unless all its refs are present with label
-        phalanx.dev/key=key.
-
-        ``tarball`` may be a callable that writes the full archive on demand. If ``thin`` (an
-        archive without some base layers) is given and the content store already holds the
-        blobs ``thin_needs``, that one is imported instead and the full archive is never
-        needed. Returns the import time, or None when nothing had to be imported.
-        """
-        if refs is None:
-            refs = archive_refs(
-                thin
-                if thin is not None and not isinstance(tarball, Path)
-                else tarball()
-                if callable(tarball)
-                else tarball
-            )
+    def ensure_image(self, tarball: Path, key: str) -> float | None:
+        """Import an archive unless all its refs are present with label phalanx.dev/key=key.
+        Returns the import time, or None when nothing had to be imported."""
+        refs = archive_refs(tarball)
         if refs and all((self.image_labels(r) or {}).get("phalanx.dev/key") == key for r in refs):
             return None
-        if thin is not None and thin.exists() and self.has_blobs(thin_needs):
-            try:
-                return self.import_image(thin, labels={"phalanx.dev/key": key})
-            except RuntimeError:
-                pass  # fall back to the full archive
-        full = tarball() if callable(tarball) else tarball
-        return self.import_image(full, labels={"phalanx.dev/key": key})
+        return self.import_image(tarball, labels={"phalanx.dev/key": key})
 
     def remove_all_containers(self) -> None:
         tasks = self.ctr("tasks", "ls", "-q", check=False).stdout.split()
@@ -385,3 +366,14 @@ disabled_plugins = [
                 return
             for mp in sorted(mounts, key=len, reverse=True):
                 run(["umount", "-l", mp], check=False)
+
+    @staticmethod
+    def remove_recorded_dir(record: Path) -> None:
+        """Unmount and remove the directory whose path ``record`` holds (a run directory an
+        earlier process left behind), then the record itself."""
+        if not record.exists():
+            return
+        old = Path(record.read_text().strip())
+        Containerd.unmount_under(old)
+        shutil.rmtree(old, ignore_errors=True)
+        record.unlink(missing_ok=True)

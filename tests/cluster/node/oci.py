@@ -1,12 +1,8 @@
-"""Write container image tarballs without a docker daemon or registry.
+"""Write an OCI image-layout tarball without a docker daemon or registry (the pause image).
 
-The output is a ``docker save``-style archive (``manifest.json`` + config JSON + one
-uncompressed ``layer.tar`` per layer), which ``ctr -n k8s.io images import`` understands.
-Layers are produced from directories with the system ``tar`` (fast, keeps owners, modes,
-hard links, device nodes and xattrs); everything else is written here.
-
-Layers are kept uncompressed on purpose: compressing multi-GB layers on a 2-core machine
-costs minutes, and containerd stores them as-is anyway.
+Layers are produced from directories with the system ``tar`` (keeps owners, modes, hard links,
+device nodes and xattrs) and kept uncompressed; the layout (``oci-layout``, ``index.json``,
+``blobs/sha256/*``) is written here, and ``ctr -n k8s.io images import`` reads it.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,68 +111,17 @@ def image_config(
     }
 
 
-def write_image_archive(
-    out_path: Path,
-    ref: str | Sequence[str],
-    layers: Sequence[Layer],
-    **config_kwargs,
-) -> str:
-    """Write a docker-archive tarball with ``layers`` (bottom first) tagged ``ref``.
-
-    Returns the config digest (the image ID). Layer files are copied into the archive.
-    """
-    refs = [ref] if isinstance(ref, str) else list(ref)
-    cfg_bytes = json.dumps(image_config(layers, **config_kwargs), sort_keys=True, separators=(",", ":")).encode()
-    cfg_hex = hashlib.sha256(cfg_bytes).hexdigest()
-    manifest = [
-        {
-            "Config": f"{cfg_hex}.json",
-            "RepoTags": refs,
-            "Layers": [f"{layer.digest.split(':', 1)[1]}/layer.tar" for layer in layers],
-        }
-    ]
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-
-    def add_bytes(tf: tarfile.TarFile, name: str, data: bytes) -> None:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mode = 0o644
-        tf.addfile(info, io.BytesIO(data))
-
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tf:
-        add_bytes(tf, f"{cfg_hex}.json", cfg_bytes)
-        seen = set()
-        for layer, name in zip(layers, manifest[0]["Layers"], strict=False):
-            if name in seen:
-                continue
-            seen.add(name)
-            info = tarfile.TarInfo(name)
-            info.size = layer.size
-            info.mode = 0o644
-            with open(layer.path, "rb") as fh:
-                tf.addfile(info, fh)
-        add_bytes(tf, "manifest.json", json.dumps(manifest).encode())
-        add_bytes(tf, "repositories", json.dumps(_repositories(refs, cfg_hex)).encode())
-    tmp.replace(out_path)
-    return "sha256:" + cfg_hex
-
-
 def write_oci_archive(
     out_path: Path,
     ref: str,
     layers: Sequence[Layer],
-    omit_layers: Sequence[str] = (),
     **config_kwargs,
 ) -> str:
     """Write an OCI image-layout tarball (``oci-layout``, ``index.json``, ``blobs/sha256/*``)
     for ``ref`` with ``layers`` (bottom first); returns the manifest digest.
 
     The full reference goes into the ``io.containerd.image.name`` annotation, which
-    ``ctr images import`` uses as the image name as-is. Layers whose digests are in
-    ``omit_layers`` are left out of the tarball (a *thin* archive): containerd then takes them
-    from its content store, so importing a new top layer does not re-read a multi-GB base.
+    ``ctr images import`` uses as the image name as-is.
     """
     cfg_bytes = json.dumps(image_config(layers, **config_kwargs), sort_keys=True, separators=(",", ":")).encode()
     cfg_digest = "sha256:" + hashlib.sha256(cfg_bytes).hexdigest()
@@ -221,7 +165,7 @@ def write_oci_archive(
 
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tf:
         add_bytes(tf, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
-        seen = set(omit_layers)
+        seen = set()
         for layer in layers:
             if layer.digest in seen:
                 continue
@@ -236,28 +180,6 @@ def write_oci_archive(
         add_bytes(tf, "index.json", json.dumps(index).encode())
     tmp.replace(out_path)
     return man_digest
-
-
-def _repositories(refs: Sequence[str], image_id: str) -> dict:
-    repos: dict = {}
-    for ref in refs:
-        name, _, tag = ref.rpartition(":")
-        if "/" in tag or not name:
-            name, tag = ref, "latest"
-        repos.setdefault(name, {})[tag] = image_id
-    return repos
-
-
-def build_image_from_dir(
-    rootfs: Path,
-    out_path: Path,
-    ref: str | Sequence[str],
-    **config_kwargs,
-) -> str:
-    """One-layer image from a root filesystem directory. Returns the image ID."""
-    with tempfile.TemporaryDirectory(dir=Path(out_path).parent, prefix=".layer-") as tmp:
-        layer = write_layer(rootfs, Path(tmp) / "layer.tar")
-        return write_image_archive(out_path, ref, [layer], **config_kwargs)
 
 
 def single_file_rootfs(dest: Path, files: Mapping[str, Path]) -> Path:

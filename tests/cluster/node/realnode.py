@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import images
+from . import dockerfile_images, images
 from .containerd import Containerd, remove_empty_default_dirs
 from .host import (
     NODE_DIR,
@@ -200,12 +200,7 @@ class RealNode:
         assert self.dir is not None
         for pid_file in sorted(self.dir.glob("*.pid")):
             stop_pidfile(pid_file)
-        old = self.dir / "run-dir"
-        if old.exists():
-            old_dir = Path(old.read_text().strip())
-            Containerd.unmount_under(old_dir)
-            shutil.rmtree(old_dir, ignore_errors=True)
-            old.unlink()
+        Containerd.remove_recorded_dir(self.dir / "run-dir")
 
     def _dump_tails(self) -> None:
         for p in self.procs.values():
@@ -359,19 +354,16 @@ class RealNode:
     # ----------------------------------------------------------------- images
     def _import_images(self) -> None:
         assert self.containerd is not None
-        builds = [images.build_pause_image()]
+        pause = images.build_pause_image()
+        took = self.containerd.ensure_image(pause.archive, pause.archive.stem)
+        if took is not None:
+            self.timings[f"import_{pause.ref}"] = round(took, 1)
         if self.trainer_image:
-            t0 = time.monotonic()
-            trainer = images.build_trainer_image()
-            if not trainer.cached:
-                self.timings["trainer_build"] = round(time.monotonic() - t0, 1)
-            builds.append(trainer)
-        for b in builds:
-            took = self.containerd.ensure_image(
-                b.ensure_archive, b.archive.stem, refs=[b.ref], thin=b.thin_archive, thin_needs=b.thin_needs
-            )
+            build, took = dockerfile_images.import_into(self.containerd, "trainer")
+            if build is not None and not build.cached:
+                self.timings["trainer_build"] = build.timings.get("total", 0.0)
             if took is not None:
-                self.timings[f"import_{b.ref}"] = round(took, 1)
+                self.timings[f"import_{dockerfile_images.REFS['trainer']}"] = took
 
     # ---------------------------------------------------------------- coredns
     def _start_coredns(self, binary: Path, logs: Path) -> None:
