@@ -330,11 +330,17 @@ class LocalCluster:
 
     def _stop_processes(self, timeout: float = 10.0) -> None:
         procs = self._procs or self._load_procs()
+        survivors = []
         for proc in reversed(procs):
             self._terminate(proc, timeout)
+            if proc.alive():  # keep its PID file, so that a second `down` can try again
+                survivors.append(f"{proc.name} (pid {proc.pid})")
+                continue
             with contextlib.suppress(FileNotFoundError):
                 (self.pid_dir / f"{proc.name}.pid").unlink()
         self._procs = []
+        if survivors:
+            raise ClusterError(f"still running after SIGKILL: {', '.join(survivors)}")
 
     @staticmethod
     def _terminate(proc: _Proc, timeout: float) -> None:

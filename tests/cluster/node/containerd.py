@@ -377,3 +377,13 @@ disabled_plugins = [
         Containerd.unmount_under(old)
         shutil.rmtree(old, ignore_errors=True)
         record.unlink(missing_ok=True)
+
+    def remove_stale_image_ids(self) -> list[str]:
+        """Remove ``sha256:<image id>`` references (CRI adds them for images it has seen) whose
+        image no longer has a name here: they would keep replaced images' GBs in the store."""
+        refs = self.images()
+        named = {digest for ref, digest in refs.items() if not ref.startswith("sha256:")}
+        stale = [ref for ref, digest in refs.items() if ref.startswith("sha256:") and digest not in named]
+        if stale:
+            self.ctr("images", "rm", "--sync", *stale, timeout=600)
+        return stale

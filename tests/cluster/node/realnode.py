@@ -364,6 +364,9 @@ class RealNode:
                 self.timings["trainer_build"] = build.timings.get("total", 0.0)
             if took is not None:
                 self.timings[f"import_{dockerfile_images.REFS['trainer']}"] = took
+        stale = self.containerd.remove_stale_image_ids()
+        if stale:
+            log.info("removed %d replaced image(s) from containerd", len(stale))
 
     # ---------------------------------------------------------------- coredns
     def _start_coredns(self, binary: Path, logs: Path) -> None:
