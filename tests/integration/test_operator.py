@@ -16,11 +16,13 @@ from tests.unit.jobs import manifest
 
 pytestmark = pytest.mark.integration
 
+POOL = {"phalanx.dev/pool": "operator"}  # this module's nodes: other modules break theirs on purpose
 GPU_JOB = {
     "workers": {"min": 2, "max": 4, "desired": 3},
     "gpus": {"count": 4},
     "template": {
         "spec": {
+            "nodeSelector": POOL,
             "containers": [
                 {
                     "name": "trainer",
@@ -57,7 +59,7 @@ def describe(kubectl: Kubectl, namespace: str, name: str = "demo") -> str:
             f"pod {pod['metadata']['name']} node={pod['spec'].get('nodeName')} phase={pod['status'].get('phase')}"
             f" deleting={bool(pod['metadata'].get('deletionTimestamp'))} {conditions}"
         )
-    nodes = kubectl.run("describe", "nodes", "-l", "type=kwok").stdout
+    nodes = kubectl.run("describe", "nodes", "-l", "phalanx.dev/pool=operator").stdout
     allocated = [line.strip() for line in nodes.splitlines() if line.strip().startswith(("Name:", "nvidia.com/gpu"))]
     return "\n".join(lines + allocated)
 
@@ -76,7 +78,9 @@ def workers(kubectl: Kubectl, namespace: str, name: str = "demo") -> list[dict[s
 
 @pytest.fixture(scope="module")
 def gpu_nodes(kwok_cluster: Any) -> list[str]:
-    return list(kwok_cluster.add_gpu_nodes(2, gpus_per_node=8, name_prefix="op-gpu-"))
+    """Four 8-GPU nodes: room for one job at its max (16 GPUs) while the previous test's
+    workers (12 GPUs) are still being deleted with their namespace."""
+    return list(kwok_cluster.add_gpu_nodes(4, gpus_per_node=8, labels=POOL, name_prefix="op-gpu-"))
 
 
 def test_status_is_written_on_the_first_visit_and_children_appear(
@@ -118,6 +122,7 @@ def test_workers_bind_to_gpu_nodes_by_capacity_and_the_job_runs(
     status = wait_phase(kubectl, namespace, "Running", timeout=60)
     assert status["workerSummary"] == "3/3"
     nodes = [pod["spec"]["nodeName"] for pod in workers(kubectl, namespace)]
+    assert set(nodes) <= set(gpu_nodes)
     for node in set(nodes):  # the scheduler packed workers by GPU capacity: 4 GPUs each
         capacity = int(kubectl.get("node", node)["status"]["allocatable"]["nvidia.com/gpu"])  # type: ignore[index]
         assert 4 * nodes.count(node) <= capacity

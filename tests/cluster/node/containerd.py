@@ -281,6 +281,11 @@ disabled_plugins = [
         for ref in refs:
             self.ctr("images", "label", ref, *[f"{k}={v}" for k, v in all_labels.items()])
 
+    def content_digests(self) -> set[str]:
+        """Digests of the blobs in the content store."""
+        lines = self.ctr("content", "ls", "-q").stdout.splitlines()
+        return {line.strip() for line in lines if line.strip()}
+
     def image_labels(self, ref: str) -> dict[str, str] | None:
         """Labels of image ``ref``, or None if it is not present."""
         proc = self.ctr("images", "ls", f"name=={ref}", check=False)

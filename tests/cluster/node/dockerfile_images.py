@@ -28,7 +28,9 @@ a daemon left by a killed build is stopped by the next one. The classic builder
 
 An image carries the label ``dev.phalanx.image-key`` (a hash of its inputs); containerd gets
 it by ``docker save | ctr images import -`` (no archive on disk), pinned and labelled
-``phalanx.dev/key``, and is skipped when that label already matches.
+``phalanx.dev/key``, and is skipped when that label already matches. When containerd already
+holds some of its layers (the torch layer, after a change to phalanx), the stream is turned
+into an OCI layout without them on the way (thin_import.py).
 
 ``python -m tests.cluster.node.dockerfile_images [operator|trainer ...]`` builds (or finds)
 them and prints timings and sizes.
@@ -54,7 +56,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import images
+from . import images, thin_import
 from .containerd import Containerd
 from .host import REPO_ROOT, HostProcess, hash_inputs, node_cache_dir, run, stop_pidfile
 
@@ -337,6 +339,57 @@ def ensure_built(target: str, dockerd: Dockerd) -> ImageBuild:
     return report
 
 
+def _save_command(dockerd: Dockerd, ref: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [DOCKER, f"--host=unix://{dockerd.socket}", "save", ref],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "DOCKER_CONFIG": str(dockerd.home / "client")},
+    )
+
+
+def _finish(save: subprocess.Popen[bytes], ref: str) -> None:
+    assert save.stdout is not None
+    save.stdout.close()
+    if save.wait(timeout=60) != 0:
+        raise RuntimeError(f"docker save {ref} failed ({save.returncode})")
+
+
+def _import_thin(dockerd: Dockerd, containerd: Containerd, ref: str, labels: dict[str, str]) -> bool:
+    """Stream only the layers containerd lacks (see thin_import.py); False when that cannot
+    help (no layer there yet) or cannot be done (layers of equal size)."""
+    inspect = json.loads(dockerd.docker("image", "inspect", ref))[0]
+    diff_ids: list[str] = inspect["RootFS"]["Layers"]
+    present = containerd.content_digests() & set(diff_ids)
+    if not present:
+        return False
+    sizes = thin_import.layer_tar_sizes(dockerd.home / "data", diff_ids)
+    if len(set(sizes.values())) < len(sizes):
+        return False
+    read_end, write_end = os.pipe()
+    save = _save_command(dockerd, ref)
+    failure: list[BaseException] = []
+
+    def convert() -> None:
+        assert save.stdout is not None
+        with os.fdopen(write_end, "wb") as sink:
+            try:
+                thin_import.thin_oci_stream(save.stdout, sink, ref, sizes, present)
+            except BaseException as exc:  # reported by the caller's thread
+                failure.append(exc)
+
+    thread = threading.Thread(target=convert, name="thin-import", daemon=True)
+    thread.start()
+    try:
+        with os.fdopen(read_end, "rb") as stream:
+            containerd.import_stream(stream, [ref], labels=labels)
+    finally:
+        thread.join(timeout=600)
+        _finish(save, ref)
+    if failure:
+        raise RuntimeError(f"converting the docker save stream of {ref} failed") from failure[0]
+    return True
+
+
 def import_into(containerd: Containerd, target: str) -> tuple[ImageBuild | None, float | None]:
     """Make ``target`` (current key) present in the node's containerd, pinned.
 
@@ -345,24 +398,25 @@ def import_into(containerd: Containerd, target: str) -> tuple[ImageBuild | None,
     rootfs, _ = images.debian_rootfs()
     ref = REFS[target]
     key = image_key(target, rootfs, _wheels(target))
+    labels = {"phalanx.dev/key": key}
     if (containerd.image_labels(ref) or {}).get("phalanx.dev/key") == key:
         return None, None
     run(["sh", images.NODE_DIR / "install-packages.sh"], capture=False)
     with Dockerd() as dockerd:
         report = ensure_built(target, dockerd)
         t0 = time.monotonic()
-        save = subprocess.Popen(
-            [DOCKER, f"--host=unix://{dockerd.socket}", "save", ref],
-            stdout=subprocess.PIPE,
-            env={**os.environ, "DOCKER_CONFIG": str(dockerd.home / "client")},
-        )
         try:
-            containerd.import_stream(save.stdout, [ref], labels={"phalanx.dev/key": key})
-        finally:
-            assert save.stdout is not None
-            save.stdout.close()
-            if save.wait(timeout=60) != 0:
-                raise RuntimeError(f"docker save {ref} failed ({save.returncode})")
+            thin = _import_thin(dockerd, containerd, ref, labels)
+        except RuntimeError as exc:
+            log.warning("importing only the new layers of %s failed, importing all of it: %s", ref, exc)
+            thin = False
+        if not thin:
+            save = _save_command(dockerd, ref)
+            try:
+                containerd.import_stream(save.stdout, [ref], labels=labels)
+            finally:
+                _finish(save, ref)
+        report.timings["import_thin" if thin else "import_full"] = round(time.monotonic() - t0, 1)
     return report, round(time.monotonic() - t0, 1)
 
 
