@@ -31,7 +31,7 @@ GPU_JOB = {
                     "args": ["train.py"],
                     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "4", "memory": "4Gi"}},
                 }
-            ]
+            ],
         }
     },
 }
