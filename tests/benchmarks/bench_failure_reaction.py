@@ -48,6 +48,7 @@ from phalanx.reconcile import naming
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.integration.operator_process import OperatorProcess
+from tests.unit.jobs import manifest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAMESPACE = "bench"
@@ -56,29 +57,13 @@ CRD_FILES = [ROOT / "crds" / crd.CRD_FILE, *sorted((ROOT / "tests" / "fixtures" 
 
 
 def job_manifest(repetitions: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "phalanx.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": JOB, "namespace": NAMESPACE},
-        "spec": {
-            "workers": {"min": 2, "max": 4, "desired": 3},
-            "gpus": {"count": 4},
-            "failurePolicy": {"maxRestarts": min(1000, repetitions + 10), "backoffSeconds": 1},
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "trainer",
-                            "image": "example/train:1",
-                            "command": ["torchrun"],
-                            "args": ["train.py"],
-                            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    """The tests' small job, on 4-GPU workers, with room for every repetition's restart."""
+    body = manifest(
+        gpus={"count": 4},
+        failurePolicy={"maxRestarts": min(1000, repetitions + 10), "backoffSeconds": 1},
+    )
+    body["metadata"] = {"name": JOB, "namespace": NAMESPACE}
+    return body
 
 
 class PodWatch:

@@ -201,6 +201,31 @@ def start(kubectl: Kubectl, namespace: str, desired: int = 3, **overrides: Any) 
     return pods
 
 
+def wait_replaced_alone(
+    kubectl: Kubectl,
+    namespace: str,
+    before: dict[str, dict[str, Any]],
+    victim: str,
+    restarts: int,
+    by_reason: dict[str, int] | None = None,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """Wait until ``victim`` has a running successor and the job runs healthy again; check that
+    it was the only worker replaced, in the same attempt, after ``restarts`` counted restarts.
+    Returns the job's status and the workers."""
+    after = wait_workers(
+        kubectl, namespace, lambda p: replaced_and_running(p, before, victim), f"a new, running {victim}"
+    )
+    state = wait_running(kubectl, namespace, len(before))
+    assert (state["restarts"], state["attempt"]) == (restarts, 0)
+    if by_reason is not None:
+        assert state["restartsByReason"] == by_reason
+    assert_healthy(state)
+    assert set(attempts(after).values()) == {"0"}
+    survivors = {name for name in before if name != victim}
+    assert {n: uids(after)[n] for n in survivors} == {n: uids(before)[n] for n in survivors}
+    return state, after
+
+
 def assert_healthy(state: dict[str, Any]) -> None:
     got = conditions(state)
     assert got["Ready"][0] == "True", got
@@ -283,19 +308,8 @@ def test_application_error_with_enough_survivors_replaces_only_that_worker(
     state = wait_status(kubectl, namespace, lambda s: s.get("restarts") == 1, "restarts 1")
     assert state["restartsByReason"] == {"WorkerFailed": 1}
     assert state["attempt"] == 0
-    after = wait_workers(
-        kubectl,
-        namespace,
-        lambda p: replaced_and_running(p, before, victim),
-        "a new, running demo-worker-1",
-    )
-    state = wait_running(kubectl, namespace, 3)
-    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (1, {"WorkerFailed": 1}, 0)
-    assert_healthy(state)
-    # only the failed worker was replaced, in the same attempt and the same rendezvous
-    survivors = {name for name in before if name != victim}
-    assert {n: uids(after)[n] for n in survivors} == {n: uids(before)[n] for n in survivors}
-    assert set(attempts(after).values()) == {"0"}
+    # only the failed worker is replaced, in the same attempt and the same rendezvous
+    _, after = wait_replaced_alone(kubectl, namespace, before, victim, 1, {"WorkerFailed": 1})
     assert env(after[victim])["PET_RDZV_ID"] == env(before[victim])["PET_RDZV_ID"]
     warning = wait_event(kubectl, namespace, "WorkerFailed")
     assert warning["type"] == "Warning"
@@ -314,17 +328,7 @@ def test_oom_kill_is_counted_and_the_worker_replaced(
 
     state = wait_status(kubectl, namespace, lambda s: s.get("restarts") == 1, "restarts 1")
     assert state["restartsByReason"] == {"OOMKilled": 1}
-    after = wait_workers(
-        kubectl,
-        namespace,
-        lambda p: replaced_and_running(p, before, victim),
-        "a new, running demo-worker-2",
-    )
-    state = wait_running(kubectl, namespace, 3)
-    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (1, {"OOMKilled": 1}, 0)
-    assert_healthy(state)
-    assert set(attempts(after).values()) == {"0"}
-    assert uids(after)[naming.worker_pod_name(JOB, 0)] == uids(before)[naming.worker_pod_name(JOB, 0)]
+    wait_replaced_alone(kubectl, namespace, before, victim, 1, {"OOMKilled": 1})
     warning = wait_event(kubectl, namespace, "WorkerOOMKilled")
     assert warning["type"] == "Warning"
     assert victim in warning["message"] and "OOMKilled" in warning["message"], warning["message"]
@@ -415,18 +419,7 @@ def test_kubelet_eviction_is_replaced_without_counting(
         "-p", json.dumps(evicted),
     )  # fmt: skip
 
-    after = wait_workers(
-        kubectl,
-        namespace,
-        lambda p: replaced_and_running(p, before, victim),
-        "a new, running demo-worker-1",
-    )
-    state = wait_running(kubectl, namespace, 3)
-    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (0, {"Evicted": 1}, 0)
-    assert_healthy(state)
-    assert set(attempts(after).values()) == {"0"}
-    for name in (naming.worker_pod_name(JOB, 0), naming.worker_pod_name(JOB, 2)):
-        assert uids(after)[name] == uids(before)[name]
+    wait_replaced_alone(kubectl, namespace, before, victim, 0, {"Evicted": 1})
     warning = wait_event(kubectl, namespace, "WorkerEvicted")
     assert (
         warning["type"] == "Warning" and victim in warning["message"] and "TerminationByKubelet" in warning["message"]
@@ -451,18 +444,7 @@ def test_eviction_api_replaces_the_worker_without_counting(
         input=json.dumps(eviction),
     )  # fmt: skip
 
-    after = wait_workers(
-        kubectl,
-        namespace,
-        lambda p: replaced_and_running(p, before, victim),
-        "a new, running demo-worker-2",
-    )
-    state = wait_running(kubectl, namespace, 3)
-    assert (state["restarts"], state["attempt"]) == (0, 0)
-    assert_healthy(state)
-    assert set(attempts(after).values()) == {"0"}
-    for name in (naming.worker_pod_name(JOB, 0), naming.worker_pod_name(JOB, 1)):
-        assert uids(after)[name] == uids(before)[name]
+    state, _ = wait_replaced_alone(kubectl, namespace, before, victim, 0)
     warnings = [(reason, message) for kind, reason, message in event_summary(kubectl, namespace) if kind == "Warning"]
     by_reason = state.get("restartsByReason") or {}
     if by_reason:
