@@ -61,7 +61,13 @@ def operator(kubectl: Kubectl, real_cluster: Any, namespace: str, tmp_path: path
     with chart_identity(
         kubectl, pathlib.Path(real_cluster.kubeconfig), namespace, f"phx-{uuid.uuid4().hex[:6]}", tmp_path
     ) as identity:
-        process = OperatorProcess(identity, tmp_path / "operator.log", namespace=namespace)
+        # scrape workers' progress often, so status.workers.worldSize follows the world quickly
+        process = OperatorProcess(
+            identity,
+            tmp_path / "operator.log",
+            namespace=namespace,
+            extra_env={"PHALANX_PROGRESS_INTERVAL_SECONDS": "1"},
+        )
         with process:
             yield process
         print(f"--- operator log (tail) ---\n{process.log_tail(80)}")

@@ -120,6 +120,15 @@ def wait_for_step(kubectl: Kubectl, namespace: str, pods: list[str], world: int,
     kubectl.wait_for(reached, timeout=240, interval=1.0, what=f"{pods} at step {step} in a world of {world}")
 
 
+def wait_world_size(kubectl: Kubectl, namespace: str, name: str, world: int) -> None:
+    kubectl.wait_for(
+        lambda: (status(kubectl, namespace, name).get("workers") or {}).get("worldSize") == world,
+        timeout=60,
+        interval=0.5,
+        what=lambda: f"status.workers.worldSize {world}; status {status(kubectl, namespace, name)}",
+    )
+
+
 def steps_in_world(text: str, world: int) -> list[int]:
     return [int(step) for step, _, size in STEP.findall(text) if int(size) == world]
 
@@ -130,6 +139,7 @@ def test_losing_one_worker_keeps_training_at_world_size_two(
     kubectl.create(elastic_job("elastic", namespace, 500), namespace=namespace)
     pods = ["elastic-worker-0", "elastic-worker-1", "elastic-worker-2"]
     wait_for_step(kubectl, namespace, pods, world=3, step=30)
+    wait_world_size(kubectl, namespace, "elastic", 3)  # what a worker reports, in the job's status
     # No capacity for a replacement while the worker is gone: the node is cordoned.
     kubectl.run("cordon", "real-node")
     try:
@@ -142,6 +152,7 @@ def test_losing_one_worker_keeps_training_at_world_size_two(
         pending = kubectl.get("pod", "elastic-worker-2", namespace)
         assert pending is not None and pending["status"]["phase"] == "Pending"  # the replacement waits
         assert status(kubectl, namespace, "elastic")["phase"] == "Rescaling"
+        wait_world_size(kubectl, namespace, "elastic", 2)
     finally:
         kubectl.run("uncordon", "real-node")
     final = wait_phase(kubectl, namespace, "elastic", "Succeeded", timeout=400)
@@ -151,6 +162,8 @@ def test_losing_one_worker_keeps_training_at_world_size_two(
     assert resumed and min(resumed) >= 30, survivor  # progress kept across every re-formed world
     assert steps_in_world(survivor, 3)[-1] > resumed_at  # capacity came back: the world grew to 3 again
     assert "done rank=" in survivor
+    assert final["lastCheckpoint"]["step"] > resumed_at, final  # reported by a worker, kept after the end
+    assert "worldSize" not in final["workers"], final  # only while the job trains
 
 
 def test_losing_two_workers_restarts_the_gang_from_the_checkpoint(
@@ -180,3 +193,4 @@ def test_losing_two_workers_restarts_the_gang_from_the_checkpoint(
     resumed = [int(step) for step in re.findall(r"resumed_from=(\d+)", text)]
     assert resumed and resumed[0] >= 30, text  # the new gang started from the checkpoint, not from zero
     assert "attempt=1" in text
+    assert final["lastCheckpoint"]["step"] > resumed[0], final

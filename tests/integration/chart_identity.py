@@ -56,6 +56,34 @@ def _token_kubeconfig(admin: pathlib.Path, token: str, path: pathlib.Path) -> pa
     return path
 
 
+# Granted by every install; the authorizer sees new bindings only after its informers catch up.
+PROBES = (
+    ("watch", "trainingjobs.phalanx.dev"),
+    ("patch", "trainingjobs.phalanx.dev", "--subresource=status"),
+    ("create", "pods"),
+    ("create", "events"),
+)
+
+
+def _wait_for_rbac(as_operator: Kubectl, namespace: str) -> None:
+    def granted() -> bool:
+        return all(
+            as_operator.run("auth", "can-i", *probe, f"--namespace={namespace}", check=False).stdout.strip() == "yes"
+            for probe in PROBES
+        )
+
+    def answers() -> str:
+        return "; ".join(
+            f"{' '.join(probe)}: {proc.stdout.strip()} {proc.stderr.strip()}"
+            for probe in PROBES
+            for proc in [as_operator.run("auth", "can-i", *probe, f"--namespace={namespace}", check=False)]
+        )
+
+    as_operator.wait_for(
+        granted, timeout=30, interval=0.2, what=lambda: f"the chart's RBAC rules in effect in {namespace}: {answers()}"
+    )
+
+
 @contextmanager
 def chart_identity(
     kubectl: Kubectl, admin: pathlib.Path, namespace: str, release: str, directory: pathlib.Path
@@ -68,7 +96,9 @@ def chart_identity(
     try:
         account = next(obj for obj in objects if obj["kind"] == "ServiceAccount")["metadata"]["name"]
         token = kubectl.run("create", "token", account, f"--namespace={namespace}", "--duration=2h").stdout.strip()
-        yield _token_kubeconfig(admin, token, directory / "operator.kubeconfig")
+        identity = _token_kubeconfig(admin, token, directory / "operator.kubeconfig")
+        _wait_for_rbac(Kubectl(identity, kubectl.binary), namespace)
+        yield identity
     finally:
         for obj in objects:
             if obj["kind"].startswith("Cluster"):

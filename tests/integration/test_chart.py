@@ -97,6 +97,7 @@ def test_monitors_carry_additional_labels() -> None:
     ],
 )
 def test_chart_rbac_is_least_privilege(
+    crds: list[str],
     kubectl: Kubectl,
     kubeconfig: pathlib.Path,
     namespace: str,

@@ -14,11 +14,24 @@ from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJob
 from phalanx.reconcile import naming
-from phalanx.reconcile.observed import Observed, object_record, pod_record
+from phalanx.reconcile.observed import Observed, WorkerProgress, object_record, pod_record
 from phalanx.reconcile.plan import Plan, plan
 from phalanx.reconcile.status import format_time
 
 START = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386, as the API server applies the operator's status patches: null removes a key."""
+    merged = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_patch(merged[key], value)
+        else:
+            merged[key] = merge_patch({}, value) if isinstance(value, dict) else value
+    return merged
 
 
 class World:
@@ -30,6 +43,7 @@ class World:
         self.pods: dict[str, dict[str, Any]] = {}
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.unready_nodes: set[str] = set()
+        self.progress: WorkerProgress | None = None  # what the operator last scraped from a worker
         self.now = now
         self.plans: list[Plan] = []
         self.job_deleted = False
@@ -47,7 +61,7 @@ class World:
     def observed(self) -> Observed:
         pods = tuple(sorted((pod_record(pod) for pod in self.pods.values()), key=lambda p: p.name))
         objects = {key: object_record(obj) for key, obj in self.objects.items()}
-        return Observed(pods=pods, objects=objects, unready_nodes=frozenset(self.unready_nodes))
+        return Observed(pods=pods, objects=objects, unready_nodes=frozenset(self.unready_nodes), progress=self.progress)
 
     def plan(self) -> Plan:
         return plan(self.job, self.observed(), self.now)
@@ -61,8 +75,7 @@ class World:
 
     def carry_out(self, result: Plan) -> None:
         if result.status:
-            merged = {**self.status, **result.status}
-            self.body["status"] = {key: value for key, value in merged.items() if value is not None}
+            self.body["status"] = merge_patch(self.status, result.status)
         for applied in result.apply:
             obj = copy.deepcopy(applied)
             obj["metadata"]["creationTimestamp"] = format_time(self.now)

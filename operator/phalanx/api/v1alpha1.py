@@ -508,6 +508,22 @@ class WorkerCounts(ApiModel):
     ready: int = 0
     """Active worker pods that are ready."""
 
+    world_size: int | None = None
+    """Ranks (processes) in the world the workers train in now, as a worker reports it on its
+    metrics endpoint; absent while the job does not train or when no worker could be scraped."""
+
+
+class LastCheckpoint(ApiModel):
+    """The newest checkpoint the workers committed, as a worker reports it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: int
+    """Training step the checkpoint holds; a gang restart resumes from it."""
+
+    time: str
+    """When it was committed."""
+
 
 class TrainingJobStatus(ApiModel):
     """The observed state of a TrainingJob, written only by the operator."""
@@ -537,6 +553,9 @@ class TrainingJobStatus(ApiModel):
 
     workers: WorkerCounts | None = None
     """Worker counts."""
+
+    last_checkpoint: LastCheckpoint | None = None
+    """The newest committed checkpoint (kept across gang restarts and after the job ends)."""
 
     replicas: int = 0
     """Active workers, for the scale subresource."""

@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from phalanx.reconcile import naming
-from phalanx.reconcile.observed import ObjectRecord, Observed, PodRecord, object_record, pod_record
+from phalanx.reconcile.observed import (
+    ObjectRecord,
+    Observed,
+    PodRecord,
+    WorkerProgress,
+    object_record,
+    pod_record,
+)
 
 JobKey = tuple[str, str]
 
@@ -115,9 +122,11 @@ class ChildCache:
     def jobs_on_node(self, node: str) -> list[JobKey]:
         return [key for key, pods in self._pods.items() if any(p.node_name == node for p in pods.values())]
 
-    def observed(self, key: JobKey, unready_nodes: frozenset[str]) -> Observed:
+    def observed(self, key: JobKey, unready_nodes: frozenset[str], progress: WorkerProgress | None = None) -> Observed:
         pods = tuple(sorted(self._pods.get(key, {}).values(), key=lambda pod: pod.name))
-        return Observed(pods=pods, objects=dict(self._objects.get(key, {})), unready_nodes=unready_nodes)
+        return Observed(
+            pods=pods, objects=dict(self._objects.get(key, {})), unready_nodes=unready_nodes, progress=progress
+        )
 
     def pod_count(self) -> int:
         return sum(len(pods) for pods in self._pods.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -10,10 +11,12 @@ import kopf
 from prometheus_client import start_http_server
 
 from phalanx.cluster.client import ApiClient
+from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import trainingjob
 from phalanx.handlers.runtime import Runtime, credentials_from
 from phalanx.reconcile import naming
+from phalanx.reconcile.environment import WORKER_METRICS_PORT
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
     runtime = Runtime(client=client, queue=WorkQueue(handle, workers=_setting("PHALANX_RECONCILE_WORKERS", 8)))
     runtime.queue.start()
+    interval = _setting("PHALANX_PROGRESS_INTERVAL_SECONDS", 15)
+    if interval > 0:
+        runtime.progress = ProgressPoller(
+            runtime.jobs, runtime.children, runtime.queue.enqueue, port=WORKER_METRICS_PORT, interval=interval
+        )
+        memo.progress_task = asyncio.create_task(runtime.progress.run(), name="phalanx-progress")
     memo.runtime = runtime
     metrics_port = _setting("PHALANX_METRICS_PORT", 8000)
     if metrics_port:
@@ -71,6 +80,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 @kopf.on.cleanup(id="phalanx-cleanup")
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Stop the workers and close connections."""
+    task: asyncio.Task[None] | None = getattr(memo, "progress_task", None)
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
     runtime: Runtime | None = getattr(memo, "runtime", None)
     if runtime is not None:
         await runtime.queue.stop()

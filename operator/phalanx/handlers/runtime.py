@@ -9,6 +9,7 @@ import kopf
 
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, NodeCache
 from phalanx.cluster.client import ApiClient, Credentials
+from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -50,3 +51,4 @@ class Runtime:
     jobs: JobCache = field(default_factory=JobCache)
     children: ChildCache = field(default_factory=ChildCache)
     nodes: NodeCache = field(default_factory=NodeCache)
+    progress: ProgressPoller | None = None  # None when PHALANX_PROGRESS_INTERVAL_SECONDS is 0

@@ -51,7 +51,8 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
                 updated = await runtime.client.patch_status(api.API_VERSION, api.PLURAL, key[0], key[1], status)
                 runtime.jobs.update(updated)
             return None
-        observed = runtime.children.observed(key, runtime.nodes.unready())
+        progress = runtime.progress.get(key) if runtime.progress is not None else None
+        observed = runtime.children.observed(key, runtime.nodes.unready(), progress)
         plan = planner.plan(job, observed, now)
         try:
             await execute(plan, client=runtime.client, job=body, jobs=runtime.jobs, children=runtime.children, now=now)
@@ -105,6 +106,8 @@ async def trainingjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> 
         runtime.jobs.forget(key)
         runtime.children.forget(key)
         runtime.queue.forget(key)
+        if runtime.progress is not None:
+            runtime.progress.forget(key)
         metrics.forget_job(key)
         return
     runtime.queue.enqueue(runtime.jobs.update(body))

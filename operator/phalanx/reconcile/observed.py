@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from phalanx.reconcile import naming
@@ -62,12 +63,25 @@ class ObjectRecord:
 
 
 @dataclass(frozen=True)
+class WorkerProgress:
+    """What a worker of the job reported on its metrics endpoint (the operator scrapes one)."""
+
+    attempt: int
+    """The gang attempt of the worker that reported it."""
+
+    world_size: int | None = None
+    checkpoint_step: int | None = None
+    checkpoint_time: datetime | None = None
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything observed about one TrainingJob's children."""
 
     pods: tuple[PodRecord, ...] = ()
     objects: Mapping[tuple[str, str], ObjectRecord] = field(default_factory=dict)
     unready_nodes: frozenset[str] = frozenset()
+    progress: WorkerProgress | None = None
 
     def workers(self) -> list[PodRecord]:
         """Worker pods, any attempt."""

@@ -424,6 +424,24 @@ class _Pass:
                 total += max(0, int((self.now - since).total_seconds()))
         return total
 
+    def render_progress(self, view: PhaseView, status: dict[str, Any]) -> None:
+        """World size and last checkpoint from what a worker reported. The world size is shown
+        only while the current attempt trains; the last checkpoint stays until a newer one."""
+        previous = self.job.status
+        progress = self.observed.progress
+        current = progress if progress is not None and progress.attempt == self.memory.attempt else None
+        if current is not None and current.world_size and view.phase in TRAINING:
+            status["workers"]["worldSize"] = current.world_size
+        elif previous.workers is not None and previous.workers.world_size is not None:
+            status["workers"]["worldSize"] = None  # merge patch: remove it
+        if progress is None or progress.checkpoint_step is None or progress.checkpoint_time is None:
+            return
+        last = previous.last_checkpoint
+        step, committed = progress.checkpoint_step, format_time(progress.checkpoint_time)
+        # RFC 3339 UTC strings order as times; an older report (a lagging worker) never wins
+        if last is None or (committed >= last.time and (last.step, last.time) != (step, committed)):
+            status["lastCheckpoint"] = {"step": step, "time": committed}
+
     def render(self, view: PhaseView) -> Plan:
         job, memory = self.job, self.memory
         previous = job.status
@@ -461,6 +479,7 @@ class _Pass:
             ),
         }
         status["trainingSeconds"] = self.training_seconds(view)
+        self.render_progress(view, status)
         for key, value in (
             ("startTime", memory.start_time),
             ("completionTime", memory.completion_time),

@@ -68,6 +68,11 @@ class WorkerMetrics:
         self.last_checkpoint = Gauge(
             "phalanx_worker_last_checkpoint_step", "Step of the last committed checkpoint.", registry=self.registry
         )
+        self.last_checkpoint_time = Gauge(
+            "phalanx_worker_last_checkpoint_timestamp_seconds",
+            "Unix time the last checkpoint was committed (0: none yet).",
+            registry=self.registry,
+        )
         if nvml is not None:
             self.registry.register(GpuCollector(nvml))
         self._last: float | None = None
@@ -81,6 +86,10 @@ class WorkerMetrics:
             if samples:
                 self.samples_per_second.set(samples / elapsed)
         self._last = now
+
+    def checkpoint_committed(self, step: int) -> None:
+        self.last_checkpoint.set(step)
+        self.last_checkpoint_time.set_to_current_time()
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)

@@ -137,7 +137,7 @@ class TrainingSession:
             self.store.save(state, self.progress.step, {"samples": self.progress.samples})
             self._last_saved = self.progress.step
             if self.metrics is not None:
-                self.metrics.last_checkpoint.set(self.progress.step)
+                self.metrics.checkpoint_committed(self.progress.step)
 
     def steps(self, total: int, state: dict[str, Any], *, samples_per_step: int = 0) -> Iterator[int]:
         """Yield step numbers from the resumed step to ``total``, saving and stopping as agreed."""

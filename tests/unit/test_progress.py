@@ -1,0 +1,179 @@
+"""Training progress: what workers serve, how the operator reads it, what the status shows."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from prometheus_client import generate_latest
+
+from phalanx.cluster.cache import ChildCache, JobCache
+from phalanx.cluster.progress import ProgressPoller, parse_progress, reporting_worker
+from phalanx.reconcile.observed import PodRecord, WorkerProgress
+from phalanx.reconcile.plan import status_changed
+from phalanx.worker.metrics import WorkerMetrics
+from tests.unit.jobs import job
+from tests.unit.simulation import START, World
+
+
+def served(world_size: int, checkpoint: int | None) -> WorkerMetrics:
+    metrics = WorkerMetrics()
+    metrics.world_size.set(world_size)
+    if checkpoint is not None:
+        metrics.checkpoint_committed(checkpoint)
+    return metrics
+
+
+# -- reading a worker's metrics --------------------------------------------------------------
+
+
+def test_world_size_and_the_last_checkpoint_are_read_from_a_workers_metrics() -> None:
+    before = datetime.now(UTC).replace(microsecond=0)
+    progress = parse_progress(generate_latest(served(6, 120).registry).decode(), attempt=2)
+    assert (progress.attempt, progress.world_size, progress.checkpoint_step) == (2, 6, 120)
+    assert progress.checkpoint_time is not None and progress.checkpoint_time >= before
+
+
+def test_no_checkpoint_yet_reports_none_rather_than_step_zero() -> None:
+    progress = parse_progress(generate_latest(served(2, None).registry).decode(), attempt=0)
+    assert progress == WorkerProgress(attempt=0, world_size=2)
+
+
+def test_the_lowest_ready_worker_of_the_current_attempt_reports() -> None:
+    def worker(index: int, attempt: int = 1, ready: bool = True, ip: str | None = "10.0.0.1") -> PodRecord:
+        phase = "Running" if ready else "Pending"
+        return PodRecord(f"w-{index}", "worker", index, attempt, phase=phase, ready=ready, pod_ip=ip)
+
+    pods = (worker(0, attempt=0), worker(1, ready=False), worker(2, ip=None), worker(3), worker(4))
+    chosen = reporting_worker(pods, attempt=1)
+    assert chosen is not None and chosen.name == "w-3"
+    assert reporting_worker((worker(0, attempt=0),), attempt=1) is None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def running_job_and_worker(jobs: JobCache, children: ChildCache, *, ip: str) -> None:
+    jobs.update(
+        {"metadata": {"namespace": "ml", "name": "demo", "resourceVersion": "1"},
+         "status": {"phase": "Running", "attempt": 1}}
+    )  # fmt: skip
+    pod: dict[str, Any] = {
+        "kind": "Pod",
+        "metadata": {
+            "namespace": "ml",
+            "name": "demo-worker-0",
+            "resourceVersion": "2",
+            "labels": {
+                "phalanx.dev/job-name": "demo",
+                "phalanx.dev/role": "worker",
+                "phalanx.dev/worker-index": "0",
+                "phalanx.dev/attempt": "1",
+            },
+        },
+        "spec": {"nodeName": "node-a"},
+        "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    children.observe("ADDED", pod)
+
+
+def test_the_poller_scrapes_a_serving_worker_and_wakes_its_job_only_on_change() -> None:
+    port = free_port()
+    metrics = served(3, 40)
+    metrics.serve(port)
+    jobs, children, woken = JobCache(), ChildCache(), []
+    running_job_and_worker(jobs, children, ip="127.0.0.1")
+    poller = ProgressPoller(jobs, children, woken.append, port=port, interval=60)
+
+    async def twice() -> None:
+        async with poller:
+            await poller.poll_once()
+            await poller.poll_once()
+            metrics.checkpoint_committed(50)
+            await poller.poll_once()
+
+    asyncio.run(twice())
+    assert woken == [("ml", "demo"), ("ml", "demo")]
+    progress = poller.get(("ml", "demo"))
+    assert progress is not None and (progress.attempt, progress.world_size, progress.checkpoint_step) == (1, 3, 50)
+    poller.forget(("ml", "demo"))
+    assert poller.get(("ml", "demo")) is None
+
+
+def test_a_worker_that_does_not_answer_costs_only_its_fields() -> None:
+    jobs, children, woken = JobCache(), ChildCache(), []
+    running_job_and_worker(jobs, children, ip="127.0.0.1")
+    poller = ProgressPoller(jobs, children, woken.append, port=free_port(), interval=60, timeout=0.5)
+
+    async def once() -> None:
+        async with poller:
+            await poller.poll_once()
+
+    asyncio.run(once())
+    assert woken == [] and poller.get(("ml", "demo")) is None
+
+
+# -- what the status shows ---------------------------------------------------------------------
+
+
+def running_world() -> World:
+    world = World(job())
+    world.reconcile()
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running"
+    return world
+
+
+def test_status_shows_the_reported_world_size_while_the_attempt_trains() -> None:
+    world = running_world()
+    world.progress = WorkerProgress(attempt=0, world_size=3)
+    world.reconcile()
+    assert world.status["workers"]["worldSize"] == 3
+    assert "lastCheckpoint" not in world.status
+    assert not status_changed(world.job.status, world.plan().status)  # no PATCH while nothing changes
+
+
+def test_a_report_from_an_earlier_attempt_is_not_the_world_size() -> None:
+    world = running_world()
+    world.progress = WorkerProgress(attempt=0, world_size=3)
+    world.reconcile()
+    world.progress = WorkerProgress(attempt=-1, world_size=5)
+    world.reconcile()
+    assert "worldSize" not in world.status["workers"]
+
+
+def test_the_world_size_goes_when_the_job_stops_training() -> None:
+    world = running_world()
+    world.progress = WorkerProgress(attempt=0, world_size=3)
+    world.reconcile()
+    for name in list(world.pods):
+        if "worker" in name:
+            world.terminate(name, 0, reason="Completed")
+    world.settle()
+    assert world.status["phase"] == "Succeeded"
+    assert "worldSize" not in world.status["workers"]
+
+
+def test_the_last_checkpoint_is_kept_and_only_a_newer_one_replaces_it() -> None:
+    world = running_world()
+    saved = START + timedelta(minutes=5)
+    world.progress = WorkerProgress(attempt=0, world_size=3, checkpoint_step=100, checkpoint_time=saved)
+    world.reconcile()
+    assert world.status["lastCheckpoint"] == {"step": 100, "time": "2026-11-30T12:05:00Z"}
+    world.progress = WorkerProgress(attempt=0, world_size=3)  # a restarted worker has not saved yet
+    world.reconcile()
+    assert world.status["lastCheckpoint"]["step"] == 100
+    older = START + timedelta(minutes=1)
+    world.progress = WorkerProgress(attempt=0, world_size=3, checkpoint_step=20, checkpoint_time=older)
+    world.reconcile()
+    assert world.status["lastCheckpoint"]["step"] == 100
+    world.progress = WorkerProgress(attempt=1, checkpoint_step=150, checkpoint_time=saved + timedelta(minutes=5))
+    world.reconcile()
+    assert world.status["lastCheckpoint"] == {"step": 150, "time": "2026-11-30T12:10:00Z"}
+    assert not status_changed(world.job.status, world.plan().status)
