@@ -19,6 +19,7 @@ import yaml
 
 from phalanx.api import crd
 from tests.cluster.kube import Kubectl
+from tests.cluster.stop_on_exit import stopped_on_exit
 from tests.integration.chart_identity import chart_identity
 from tests.integration.operator_process import OperatorProcess
 
@@ -32,11 +33,9 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from tests.cluster.node.realnode import RealNode, cluster_with_real_node
 
     cluster = cluster_with_real_node(tmp_path_factory.mktemp("e2e-cluster"), node=RealNode(taint=False))
-    cluster.start()
-    try:
+    with stopped_on_exit(cluster.stop):
+        cluster.start()
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")

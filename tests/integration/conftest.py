@@ -16,12 +16,10 @@
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -33,6 +31,7 @@ import yaml
 from phalanx.api import crd
 from tests.cluster.kube import Kubectl, find_kubectl
 from tests.cluster.localcluster import STATE_FILE, LocalCluster
+from tests.cluster.stop_on_exit import stopped_on_exit
 from tests.integration.chart_identity import chart_identity
 from tests.integration.operator_process import OperatorProcess
 
@@ -89,32 +88,9 @@ def cluster() -> Iterator[LocalCluster | ExternalCluster]:
         return
 
     c = LocalCluster(kwok=True)
-    stopped = False
-
-    def stop_once() -> None:
-        nonlocal stopped
-        if not stopped:
-            stopped = True
-            c.stop()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop_once()
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError):  # not in the main thread
-            previous[sig] = signal.signal(sig, on_signal)
-    atexit.register(stop_once)
-    try:
+    with stopped_on_exit(c.stop):
         c.start()  # stops what it started itself if start-up fails
         yield c
-    finally:
-        stop_once()
-        atexit.unregister(stop_once)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="session")

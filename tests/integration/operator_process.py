@@ -12,6 +12,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from tests.cluster.stop_on_exit import stopped_on_exit
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -84,9 +86,15 @@ class OperatorProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def __enter__(self) -> OperatorProcess:
-        return self.start()
+        self._stop_guard = stopped_on_exit(self.stop)
+        self._stop_guard.__enter__()  # also stopped if pytest is killed
+        try:
+            return self.start()
+        except BaseException:
+            self._stop_guard.__exit__(None, None, None)
+            raise
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
-        self.stop()
+        self._stop_guard.__exit__(kind, error, trace)

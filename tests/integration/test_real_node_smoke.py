@@ -16,6 +16,8 @@ import uuid
 
 import pytest
 
+from tests.cluster.stop_on_exit import stopped_on_exit
+
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
 TRAINER = "phalanx.local/trainer:dev"
@@ -38,11 +40,9 @@ def real_node(tmp_path_factory):
 
     node = RealNode()
     cluster = cluster_with_real_node(tmp_path_factory.mktemp("realnode-cluster"), node=node)
-    cluster.start()
-    try:
+    with stopped_on_exit(cluster.stop):
+        cluster.start()
         yield node
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")

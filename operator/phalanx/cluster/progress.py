@@ -21,11 +21,12 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey
+from phalanx.reconcile import naming
 from phalanx.reconcile.observed import PodRecord, WorkerProgress
+from phalanx.reconcile.plan import TRAINING
 
 logger = logging.getLogger(__name__)
 
-TRAINING_PHASES = ("Running", "Rescaling")
 WORLD_SIZE = "phalanx_worker_world_size"
 CHECKPOINT_STEP = "phalanx_worker_last_checkpoint_step"
 CHECKPOINT_TIME = "phalanx_worker_last_checkpoint_timestamp_seconds"
@@ -55,7 +56,7 @@ def reporting_worker(pods: tuple[PodRecord, ...], attempt: int) -> PodRecord | N
     candidates = [
         pod
         for pod in pods
-        if pod.role == "worker" and pod.attempt == attempt and pod.ready and pod.active and pod.pod_ip
+        if pod.role == naming.ROLE_WORKER and pod.attempt == attempt and pod.ready and pod.active and pod.pod_ip
     ]
     return min(candidates, key=lambda pod: pod.index if pod.index is not None else 1 << 30, default=None)
 
@@ -113,7 +114,7 @@ class ProgressPoller:
         for key in known:
             body = self._jobs.get(key) or {}
             status = body.get("status") or {}
-            if status.get("phase") not in TRAINING_PHASES:
+            if status.get("phase") not in TRAINING:
                 continue
             attempt = int(status.get("attempt") or 0)
             pod = reporting_worker(self._children.observed(key, frozenset()).pods, attempt)

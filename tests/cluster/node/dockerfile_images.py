@@ -354,6 +354,14 @@ def _finish(save: subprocess.Popen[bytes], ref: str) -> None:
         raise RuntimeError(f"docker save {ref} failed ({save.returncode})")
 
 
+def _abandon(save: subprocess.Popen[bytes]) -> None:
+    """Stop a ``docker save`` whose reader failed (without hiding why it failed)."""
+    assert save.stdout is not None
+    save.stdout.close()
+    save.kill()
+    save.wait(timeout=60)
+
+
 def _import_thin(dockerd: Dockerd, containerd: Containerd, ref: str, labels: dict[str, str]) -> bool:
     """Stream only the layers containerd lacks (see thin_import.py); False when that cannot
     help (no layer there yet) or cannot be done (layers of equal size)."""
@@ -382,9 +390,12 @@ def _import_thin(dockerd: Dockerd, containerd: Containerd, ref: str, labels: dic
     try:
         with os.fdopen(read_end, "rb") as stream:
             containerd.import_stream(stream, [ref], labels=labels)
+    except BaseException:
+        _abandon(save)
+        raise
     finally:
         thread.join(timeout=600)
-        _finish(save, ref)
+    _finish(save, ref)
     if failure:
         raise RuntimeError(f"converting the docker save stream of {ref} failed") from failure[0]
     return True
@@ -414,8 +425,10 @@ def import_into(containerd: Containerd, target: str) -> tuple[ImageBuild | None,
             save = _save_command(dockerd, ref)
             try:
                 containerd.import_stream(save.stdout, [ref], labels=labels)
-            finally:
-                _finish(save, ref)
+            except BaseException:
+                _abandon(save)
+                raise
+            _finish(save, ref)
         report.timings["import_thin" if thin else "import_full"] = round(time.monotonic() - t0, 1)
     return report, round(time.monotonic() - t0, 1)
 
