@@ -44,6 +44,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.reporting_component = "phalanx"
     settings.posting.enabled = False  # we post our own events, with our own reasons
     settings.scanning.disabled = True  # least privilege: no watch on CRDs or namespaces
+    # Bound every request: kopf's default lets a LIST hang for 5 minutes, and one answered while a
+    # just-installed CRD's storage initialises (429, then a stalled retry) left the operator deaf to
+    # TrainingJobs that long. Watches end server-side and are resumed from their resourceVersion.
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 10
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
     # Event handlers run for every watched pod change; their per-event success lines are noise.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # Only our children cross the wire: filter pods and services on the server.
