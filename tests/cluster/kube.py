@@ -14,7 +14,9 @@ import pathlib
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import yaml
@@ -105,6 +107,18 @@ class Kubectl:
             "delete", kind, name, *self._ns(namespace), "--ignore-not-found", f"--wait={str(wait).lower()}",
             f"--timeout={int(timeout)}s", timeout=timeout + 10,
         )  # fmt: skip
+
+    @contextmanager
+    def temporary_namespace(self, prefix: str) -> Iterator[str]:
+        """A fresh namespace ``<prefix>-<random>``, usable once its default ServiceAccount exists;
+        deleted (without waiting) afterwards."""
+        name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        try:
+            self.wait_for(lambda: self.get("serviceaccount", "default", name), timeout=30, what="default SA")
+            yield name
+        finally:
+            self.delete("namespace", name, wait=False)
 
     def label(self, kind: str, name: str, labels: Mapping[str, str | None], namespace: str | None = None) -> None:
         pairs = [f"{k}-" if v is None else f"{k}={v}" for k, v in labels.items()]

@@ -48,11 +48,8 @@ def kubectl(real_cluster: Any) -> Kubectl:
 
 @pytest.fixture
 def namespace(kubectl: Kubectl) -> Iterator[str]:
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
-    kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    kubectl.wait_for(lambda: kubectl.get("serviceaccount", "default", name), timeout=30, what="default SA")
-    yield name
-    kubectl.delete("namespace", name, wait=False)
+    with kubectl.temporary_namespace("e2e") as name:
+        yield name
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import itertools
 import os
 import pathlib
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -116,11 +115,8 @@ def operator_logs(kube: Kubectl, request: pytest.FixtureRequest) -> Iterator[Non
 
 @pytest.fixture
 def job_namespace(kube: Kubectl) -> Iterator[str]:
-    name = f"e2e-helm-{uuid.uuid4().hex[:6]}"
-    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    kube.wait_for(lambda: kube.get("serviceaccount", "default", name), timeout=30, what="default SA")
-    yield name
-    kube.delete("namespace", name, wait=False)
+    with kube.temporary_namespace("e2e-helm") as name:
+        yield name
 
 
 # ------------------------------------------------------------------------------------ helpers
