@@ -30,9 +30,36 @@ def _docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def watch_scope(kopf_args: list[str]) -> list[str] | None:
+    """The namespaces named by kopf's ``--namespace``/``-n`` options; None for all namespaces."""
+    names: list[str] = []
+    everywhere = False
+    arguments = iter(kopf_args)
+    for argument in arguments:
+        if argument in ("-A", "--all-namespaces"):
+            everywhere = True
+        elif argument in ("-n", "--namespace"):
+            names.append(next(arguments, ""))
+        elif argument.startswith("--namespace="):
+            names.append(argument.removeprefix("--namespace="))
+        elif argument.startswith("-n") and len(argument) > 2:
+            names.append(argument[2:].removeprefix("="))
+    if everywhere or not names:
+        return None
+    globbed = [name for name in names if any(char in name for char in "*?[!")]
+    if globbed:
+        raise SystemExit(f"phalanx run: namespace patterns are not supported ({', '.join(globbed)}); name them")
+    return names
+
+
 def _run(kopf_args: list[str]) -> int:
+    import os
+
     from kopf.cli import main as kopf_main
 
+    from phalanx.handlers.runtime import WATCH_NAMESPACES
+
+    os.environ[WATCH_NAMESPACES] = ",".join(watch_scope(kopf_args) or [])
     kopf_main(["run", "-m", "phalanx.handlers", *kopf_args], standalone_mode=False)
     return 0
 

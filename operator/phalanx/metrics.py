@@ -52,6 +52,14 @@ STARTUP = Histogram(
     ["namespace"],
     buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
 )
+WATCH_RELISTS = Counter(
+    "phalanx_watch_relists_total",
+    "Lists of a watched resource after the first (410 Gone, a resource that reappeared).",
+    ["resource"],
+)
+WATCH_SYNCED = Gauge(
+    "phalanx_watch_synced", "1 while every watch of the resource has a complete list in hand.", ["resource"]
+)
 _PER_JOB = (WORKERS_DESIRED, WORKERS_READY, WORLD_SIZE, GPUS_REQUESTED, GPUS_BOUND, RESTART_BUDGET_USED, GOODPUT)
 
 
@@ -62,6 +70,17 @@ class _Seen:
 
 
 _seen: dict[tuple[str, str], _Seen] = {}
+_relists: dict[tuple[str, str | None], int] = {}
+_synced: dict[tuple[str, str | None], bool] = {}
+
+
+def observe_informer(resource: str, namespace: str | None, relists: int, synced: bool) -> None:
+    """Export an informer's relists and whether every informer of its resource is synced."""
+    scope = (resource, namespace)
+    WATCH_RELISTS.labels(resource).inc(max(0, relists - _relists.get(scope, 0)))
+    _relists[scope] = relists
+    _synced[scope] = synced
+    WATCH_SYNCED.labels(resource).set(1.0 if all(v for (r, _), v in _synced.items() if r == resource) else 0.0)
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,20 @@ lifecycles in milliseconds, with pods in the exact JSON shape the API server ret
 from __future__ import annotations
 
 import copy
+import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJob
 from phalanx.reconcile import naming
-from phalanx.reconcile.observed import Observed, WorkerProgress, object_record, pod_record
+from phalanx.reconcile.observed import (
+    Completion,
+    Observed,
+    Refusal,
+    WorkerProgress,
+    object_record,
+    pod_record,
+)
 from phalanx.reconcile.plan import Plan, plan
 from phalanx.reconcile.status import format_time
 
@@ -44,6 +52,11 @@ class World:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.unready_nodes: set[str] = set()
         self.progress: WorkerProgress | None = None  # what the operator last scraped from a worker
+        self.completion: Completion | None = None  # what the operator last read from the store
+        self.refusals: dict[str, Refusal] = {}  # creations the API server refused, by name
+        self.foreign: set[tuple[str, str]] = set()  # names held by objects this job does not control
+        self.missing_apis: dict[str, str] = {}
+        self._uids = itertools.count(1)
         self.now = now
         self.plans: list[Plan] = []
         self.job_deleted = False
@@ -61,7 +74,16 @@ class World:
     def observed(self) -> Observed:
         pods = tuple(sorted((pod_record(pod) for pod in self.pods.values()), key=lambda p: p.name))
         objects = {key: object_record(obj) for key, obj in self.objects.items()}
-        return Observed(pods=pods, objects=objects, unready_nodes=frozenset(self.unready_nodes), progress=self.progress)
+        return Observed(
+            pods=pods,
+            objects=objects,
+            unready_nodes=frozenset(self.unready_nodes),
+            progress=self.progress,
+            completion=self.completion,
+            foreign=frozenset(self.foreign),
+            refusals=dict(self.refusals),
+            missing_apis=dict(self.missing_apis),
+        )
 
     def plan(self) -> Plan:
         return plan(self.job, self.observed(), self.now)
@@ -73,12 +95,19 @@ class World:
         self.plans.append(result)
         return result
 
-    def carry_out(self, result: Plan) -> None:
+    def carry_out(self, result: Plan, *, stop_after_status: bool = False) -> None:
+        """What the operator's execution does; ``stop_after_status`` is a SIGKILL right after the
+        status write (nothing else of the plan happens)."""
         if result.status:
             self.body["status"] = merge_patch(self.status, result.status)
+        if stop_after_status:
+            return
         for applied in result.apply:
             obj = copy.deepcopy(applied)
+            if obj["kind"] == "Pod" and obj["metadata"]["name"] in self.pods:
+                continue  # a create of an existing pod answers 409
             obj["metadata"]["creationTimestamp"] = format_time(self.now)
+            obj["metadata"]["uid"] = f"uid-{next(self._uids)}"
             if obj["kind"] == "Pod":
                 obj["status"] = {"phase": "Pending"}
                 self.pods[obj["metadata"]["name"]] = obj

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import http.server
 import socket
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from prometheus_client import generate_latest
 
 from phalanx.cluster.cache import ChildCache, JobCache
-from phalanx.cluster.progress import ProgressPoller, parse_progress, reporting_worker
-from phalanx.reconcile.observed import PodRecord, WorkerProgress
+from phalanx.cluster.progress import ProgressError, ProgressPoller, parse_completion, parse_progress, reporting_worker
+from phalanx.reconcile.observed import Completion, PodRecord, WorkerProgress
 from phalanx.reconcile.plan import status_changed
 from phalanx.worker.metrics import WorkerMetrics
 from tests.unit.jobs import job
@@ -36,6 +39,34 @@ def test_world_size_and_the_last_checkpoint_are_read_from_a_workers_metrics() ->
     assert progress.checkpoint_time is not None and progress.checkpoint_time >= before
 
 
+GARBAGE = [
+    "phalanx_worker_world_size +Inf\nphalanx_worker_last_checkpoint_timestamp_seconds 1e300\n",
+    "phalanx_worker_world_size NaN\nphalanx_worker_last_checkpoint_step -5\n"
+    "phalanx_worker_last_checkpoint_timestamp_seconds 1700000000\n",
+    "phalanx_worker_world_size 1e300\nphalanx_worker_last_checkpoint_step 1e300\n"
+    "phalanx_worker_last_checkpoint_timestamp_seconds -Inf\n",
+]
+
+
+def test_values_no_worker_could_mean_are_dropped_instead_of_raising() -> None:
+    for text in GARBAGE:
+        assert parse_progress(text, attempt=1) == WorkerProgress(attempt=1), text
+
+
+def test_a_page_that_is_not_prometheus_text_is_an_error_of_its_own_kind() -> None:
+    with pytest.raises(ProgressError):
+        parse_progress("phalanx_worker_world_size {{{ not metrics", attempt=0)
+
+
+def test_completion_is_read_from_the_stores_page() -> None:
+    text = (
+        "phalanx_training_completed_attempt 2\nphalanx_training_completed_step 200\nphalanx_training_completed_rank 0\n"
+    )
+    assert parse_completion(text) == Completion(attempt=2, step=200, rank=0)
+    assert parse_completion("\n") is None
+    assert parse_completion("phalanx_training_completed_attempt +Inf\n") is None
+
+
 def test_no_checkpoint_yet_reports_none_rather_than_step_zero() -> None:
     progress = parse_progress(generate_latest(served(2, None).registry).decode(), attempt=0)
     assert progress == WorkerProgress(attempt=0, world_size=2)
@@ -58,9 +89,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def running_job_and_worker(jobs: JobCache, children: ChildCache, *, ip: str) -> None:
+def running_job_and_worker(jobs: JobCache, children: ChildCache, *, ip: str, port: int) -> None:
     jobs.update(
-        {"metadata": {"namespace": "ml", "name": "demo", "resourceVersion": "1"},
+        {"metadata": {"namespace": "ml", "name": "demo", "uid": "uid-demo", "resourceVersion": "1"},
          "status": {"phase": "Running", "attempt": 1}}
     )  # fmt: skip
     pod: dict[str, Any] = {
@@ -69,6 +100,16 @@ def running_job_and_worker(jobs: JobCache, children: ChildCache, *, ip: str) -> 
             "namespace": "ml",
             "name": "demo-worker-0",
             "resourceVersion": "2",
+            "uid": "uid-worker-0",
+            "ownerReferences": [
+                {
+                    "apiVersion": "phalanx.dev/v1alpha1",
+                    "kind": "TrainingJob",
+                    "name": "demo",
+                    "uid": "uid-demo",
+                    "controller": True,
+                }
+            ],
             "labels": {
                 "phalanx.dev/job-name": "demo",
                 "phalanx.dev/role": "worker",
@@ -76,7 +117,10 @@ def running_job_and_worker(jobs: JobCache, children: ChildCache, *, ip: str) -> 
                 "phalanx.dev/attempt": "1",
             },
         },
-        "spec": {"nodeName": "node-a"},
+        "spec": {
+            "nodeName": "node-a",
+            "containers": [{"name": "trainer", "ports": [{"name": "phalanx-metrics", "containerPort": port}]}],
+        },
         "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]},
     }
     children.observe("ADDED", pod)
@@ -87,8 +131,8 @@ def test_the_poller_scrapes_a_serving_worker_and_wakes_its_job_only_on_change() 
     metrics = served(3, 40)
     metrics.serve(port)
     jobs, children, woken = JobCache(), ChildCache(), []
-    running_job_and_worker(jobs, children, ip="127.0.0.1")
-    poller = ProgressPoller(jobs, children, woken.append, port=port, interval=60)
+    running_job_and_worker(jobs, children, ip="127.0.0.1", port=port)
+    poller = ProgressPoller(jobs, children, woken.append, interval=60)
 
     async def twice() -> None:
         async with poller:
@@ -107,8 +151,8 @@ def test_the_poller_scrapes_a_serving_worker_and_wakes_its_job_only_on_change() 
 
 def test_a_worker_that_does_not_answer_costs_only_its_fields() -> None:
     jobs, children, woken = JobCache(), ChildCache(), []
-    running_job_and_worker(jobs, children, ip="127.0.0.1")
-    poller = ProgressPoller(jobs, children, woken.append, port=free_port(), interval=60, timeout=0.5)
+    running_job_and_worker(jobs, children, ip="127.0.0.1", port=free_port())
+    poller = ProgressPoller(jobs, children, woken.append, interval=60, timeout=0.5)
 
     async def once() -> None:
         async with poller:
@@ -116,6 +160,64 @@ def test_a_worker_that_does_not_answer_costs_only_its_fields() -> None:
 
     asyncio.run(once())
     assert woken == [] and poller.get(("ml", "demo")) is None
+
+
+def serve_text(text: str) -> int:
+    """A metrics endpoint that serves ``text`` (what a broken or hostile pod might serve)."""
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return int(server.server_address[1])
+
+
+def test_one_pod_serving_garbage_costs_only_its_own_job_and_the_poller_goes_on() -> None:
+    good_port, bad_port = free_port(), serve_text(GARBAGE[0])
+    served(4, 10).serve(good_port)
+    jobs, children, woken = JobCache(), ChildCache(), []
+    running_job_and_worker(jobs, children, ip="127.0.0.1", port=good_port)
+    bad_job = {"metadata": {"namespace": "ml", "name": "bad", "uid": "uid-bad", "resourceVersion": "1"},
+               "status": {"phase": "Running", "attempt": 0}}  # fmt: skip
+    jobs.update(bad_job)
+    children.observe(
+        "ADDED",
+        {
+            "kind": "Pod",
+            "metadata": {
+                "namespace": "ml", "name": "bad-worker-0", "uid": "uid-bad-0", "resourceVersion": "3",
+                "labels": {"phalanx.dev/job-name": "bad", "phalanx.dev/role": "worker",
+                           "phalanx.dev/worker-index": "0", "phalanx.dev/attempt": "0"},
+                "ownerReferences": [{"apiVersion": "phalanx.dev/v1alpha1", "kind": "TrainingJob", "name": "bad",
+                                     "uid": "uid-bad", "controller": True}],
+            },
+            "spec": {"containers": [{"name": "trainer", "ports": [{"name": "phalanx-metrics", "containerPort": bad_port}]}]},
+            "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+        },
+    )  # fmt: skip
+    poller = ProgressPoller(jobs, children, woken.append, interval=0.05)
+
+    async def a_few_rounds() -> None:
+        task = asyncio.create_task(poller.run())
+        await asyncio.sleep(0.5)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(a_few_rounds())
+    assert woken.count(("ml", "demo")) == 1  # the good job's progress arrived once, unchanged since
+    good = poller.get(("ml", "demo"))
+    assert good is not None and good.world_size == 4
+    bad = poller.get(("ml", "bad"))
+    assert bad == WorkerProgress(attempt=0)  # its absurd values are simply absent
 
 
 # -- what the status shows ---------------------------------------------------------------------

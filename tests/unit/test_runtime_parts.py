@@ -63,29 +63,87 @@ async def test_queue_requeues_after_the_delay_a_pass_asks_for_and_retries_errors
     assert calls == ["job", "job", "job"]
 
 
-def pod(name: str, version: str, phase: str = "Running", node: str = "n1") -> dict[str, object]:
-    return {
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "ml",
-            "resourceVersion": version,
-            "labels": {naming.JOB_NAME_LABEL: "demo", naming.ROLE_LABEL: "worker"},
-        },
-        "spec": {"nodeName": node},
-        "status": {"phase": phase},
+JOB_UID = "uid-demo"
+
+
+def pod(
+    name: str, version: str, phase: str = "Running", node: str = "n1", owner: str | None = JOB_UID
+) -> dict[str, object]:
+    metadata: dict[str, object] = {
+        "name": name,
+        "namespace": "ml",
+        "uid": f"pod-{name}",
+        "resourceVersion": version,
+        "labels": {naming.JOB_NAME_LABEL: "demo", naming.ROLE_LABEL: "worker"},
     }
+    if owner is not None:
+        metadata["ownerReferences"] = [
+            {
+                "apiVersion": "phalanx.dev/v1alpha1",
+                "kind": "TrainingJob",
+                "name": "demo",
+                "uid": owner,
+                "controller": True,
+            }
+        ]
+    return {"kind": "Pod", "metadata": metadata, "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def pods_of(cache: ChildCache, uid: str = JOB_UID) -> dict[str, str]:
+    return {record.name: record.phase for record in cache.pods_of(uid)}
 
 
 def test_child_cache_keeps_newest_records_and_forgets_deleted() -> None:
     cache = ChildCache()
     assert cache.observe("ADDED", pod("demo-worker-0", "5")) == ("ml", "demo")
     cache.observe("MODIFIED", pod("demo-worker-0", "4", phase="Pending"))  # an older event arrives late
-    assert cache.observed(("ml", "demo"), frozenset()).pods[0].phase == "Running"
+    assert pods_of(cache) == {"demo-worker-0": "Running"}
     assert cache.jobs_on_node("n1") == [("ml", "demo")]
     cache.observe("DELETED", pod("demo-worker-0", "6"))
-    assert cache.observed(("ml", "demo"), frozenset()).pods == ()
+    assert pods_of(cache) == {}
     assert cache.observe("ADDED", {"kind": "Pod", "metadata": {"name": "x", "namespace": "ml"}}) is None
+
+
+def test_children_belong_to_the_job_uid_that_controls_them_not_to_its_name() -> None:
+    cache = ChildCache()
+    cache.observe("ADDED", pod("demo-worker-0", "5", owner="uid-old-demo"))  # the deleted predecessor's
+    cache.observe("ADDED", pod("demo-worker-1", "6"))
+    cache.observe("ADDED", pod("demo-worker-2", "7", owner=None))  # labelled, but nobody controls it
+    assert pods_of(cache) == {"demo-worker-1": "Running"}
+    assert pods_of(cache, "uid-old-demo") == {"demo-worker-0": "Running"}
+    assert cache.foreign("ml", "demo", JOB_UID) == {("Pod", "demo-worker-0"), ("Pod", "demo-worker-2")}
+    observed = cache.observed("ml", "demo", JOB_UID, frozenset())
+    assert [record.name for record in observed.pods] == ["demo-worker-1"]
+    assert observed.foreign == {("Pod", "demo-worker-0"), ("Pod", "demo-worker-2")}
+
+
+def test_a_list_replaces_the_cache_and_drops_what_a_watch_gap_deleted() -> None:
+    gone: list[str] = []
+    cache = ChildCache(on_pod_gone=gone.append)
+    for index, version in enumerate(("5", "6", "7")):
+        cache.observe("ADDED", pod(f"demo-worker-{index}", version))
+    cache.observe("ADDED", pod("demo-worker-9", "20"))  # created by us after the list's snapshot
+    cache.replace("Pod", "ml", [pod("demo-worker-0", "5"), pod("demo-worker-2", "12", phase="Failed")], "15")
+    assert pods_of(cache) == {"demo-worker-0": "Running", "demo-worker-2": "Failed", "demo-worker-9": "Running"}
+    assert gone == ["ml"]  # demo-worker-1 was deleted during the gap
+    cache.replace("Pod", "other", [], "30")  # another namespace's list leaves ours alone
+    assert len(pods_of(cache)) == 3
+    cache.replace("Pod", None, [], "")  # "" : the resource is not served at all
+    assert pods_of(cache) == {}
+
+
+def test_job_cache_replace_forgets_jobs_deleted_during_a_gap() -> None:
+    changes: list[tuple[tuple[str, str], bool]] = []
+    cache = JobCache(on_change=lambda key, gone: changes.append((key, gone)))
+    body = {"metadata": {"name": "a", "namespace": "ml", "uid": "u1", "resourceVersion": "3"}}
+    cache.observe("ADDED", body)
+    cache.observe("ADDED", {"metadata": {"name": "b", "namespace": "ml", "uid": "u2", "resourceVersion": "4"}})
+    cache.replace("TrainingJob", "ml", [body], "10")
+    assert cache.keys() == [("ml", "a")]
+    assert (("ml", "b"), True) in changes
+    # a DELETED event for an older incarnation of the same name leaves the new one
+    cache.observe("DELETED", {"metadata": {"name": "a", "namespace": "ml", "uid": "u0", "resourceVersion": "11"}})
+    assert cache.keys() == [("ml", "a")]
 
 
 def test_job_cache_prefers_newer_versions() -> None:
@@ -135,6 +193,6 @@ def test_cli_writes_the_crd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_our_own_deletions_are_visible_before_the_watch_reports_them() -> None:
     cache = ChildCache()
     cache.observe("ADDED", pod("demo-worker-0", "5", phase="Failed"))
-    cache.mark_deleting(("ml", "demo"), "demo-worker-0")
-    assert cache.observed(("ml", "demo"), frozenset()).pods[0].deleting
-    cache.mark_deleting(("ml", "demo"), "not-there")  # unknown pods are ignored
+    cache.mark_deleting(JOB_UID, "demo-worker-0")
+    assert cache.pods_of(JOB_UID)[0].deleting
+    cache.mark_deleting(JOB_UID, "not-there")  # unknown pods are ignored

@@ -30,28 +30,30 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* What the operator may do in a namespace it serves; each rule says why. */}}
 {{- define "phalanx.rules" -}}
-# Watch TrainingJobs (kopf lists and watches them); delete a finished job when its TTL expires.
+# List and watch TrainingJobs (the operator's own informers), read one again after a conflicting
+# status write, delete a finished job when its TTL expires.
 - apiGroups: [phalanx.dev]
   resources: [trainingjobs]
   verbs: [get, list, watch, delete]
 # Status is the only part of a TrainingJob the operator writes (merge patch on the subresource).
 - apiGroups: [phalanx.dev]
   resources: [trainingjobs/status]
-  verbs: [get, patch]
-# Worker and rendezvous-store pods: server-side apply creates them (create, patch); the operator
-# replaces failed workers, scales down and restarts the gang (delete); it watches only its own pods.
+  verbs: [patch]
+# Worker and rendezvous-store pods: created by server-side apply (create, patch), never changed
+# afterwards, read back when a create finds the name taken, deleted to replace failed workers,
+# scale down and restart the gang; only its own pods are listed and watched (label selector).
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, patch, delete]
-# The headless rendezvous Service, applied server-side and watched for drift.
+# The headless rendezvous Service: created, server-side applied when it drifts, watched.
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, patch]
-# Gang scheduling: scheduler-plugins and Volcano PodGroups (applied server-side and watched).
+# Gang scheduling: scheduler-plugins and Volcano PodGroups (created, applied when they drift, watched).
 - apiGroups: [scheduling.x-k8s.io, scheduling.volcano.sh]
   resources: [podgroups]
   verbs: [get, list, watch, create, patch]
-# Events on TrainingJobs for phase changes, rescales and restarts.
+# Events on TrainingJobs for phase changes, rescales, restarts and refusals.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]

@@ -551,6 +551,11 @@ class TrainingJobStatus(ApiModel):
     restarts_by_reason: dict[str, int] | None = None
     """All gang restarts (counted or not) by reason."""
 
+    counted_failures: list[str] | None = Field(default=None, json_schema_extra={"x-kubernetes-list-type": "set"})
+    """UIDs of failed pods already recorded in restarts and restartsByReason, kept while those pods
+    exist: written in the same update as the counters, so each failure is counted exactly once even
+    when the operator stops between recording a failure and deleting the pod."""
+
     workers: WorkerCounts | None = None
     """Worker counts."""
 

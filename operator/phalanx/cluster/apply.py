@@ -1,23 +1,42 @@
 """Carry out a Plan against the API server, feeding every response back into the caches.
 
-Order matters for crash safety: status first (it records a new attempt before the
-old pods go), then the gang's PodGroup, the Service and the store, then workers in
-parallel (bounded by the client's cap), then deletions, then events.
+Order matters for crash safety: status first (it records a new attempt, and the UIDs of the
+failures it counts, before anything else happens), then the gang's PodGroup, the Service and
+the store, then workers in parallel (bounded by the client's cap), then deletions, then events.
+A SIGKILL between any two requests leaves a state the next pass completes without counting or
+creating anything twice:
+
+- the status write is conditional on the resourceVersion the plan was made from, so a status
+  computed from a stale view is refused (409) instead of overwriting a newer one;
+- children are created by a server-side apply that refuses to touch an existing object
+  (``ApiClient.create``): a name held by an object this job does not control is left alone and
+  reported, and a create that finds our own object (the response was lost, or the cache was
+  behind) just takes it into the cache;
+- drifted Services and PodGroups are server-side applied with their UID as a precondition;
+- pods are deleted with their UID as a precondition, so only the pod that was planned goes.
+
+Refusals that may pass (quota, a name conflict, missing permission, a gang scheduler API that is
+not installed) are recorded for the planner, which paces retries and explains them in status;
+refusals that no retry can fix (validation, Pod Security, a webhook) fail the job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import re
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from phalanx.api import v1alpha1 as api
-from phalanx.cluster.cache import ChildCache, JobCache
+from phalanx.cluster.cache import ChildCache, JobCache, controller_of
 from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.reconcile import naming
+from phalanx.reconcile.observed import Refusal
 from phalanx.reconcile.plan import Event, Plan, status_changed
 from phalanx.reconcile.status import format_time
 
@@ -25,10 +44,11 @@ logger = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "phalanx"
 MAX_EVENT_MESSAGE = 1024
+RBAC_REFUSAL = re.compile(r'is forbidden: User "[^"]*" cannot ')
 
 
 class AdmissionRefusedError(Exception):
-    """The API server refused to create a child (validation, Pod Security, a webhook)."""
+    """The API server refused to create a child for a reason no retry can fix."""
 
     def __init__(self, name: str, error: ApiError) -> None:
         super().__init__(f"creating {name} was refused: {error.message}")
@@ -36,25 +56,136 @@ class AdmissionRefusedError(Exception):
         self.error = error
 
 
-def refusal(error: ApiError) -> bool:
-    """Whether an apply error is permanent for this spec (retrying cannot help)."""
-    if error.status == 422:
-        return True
-    return error.status == 403 and "exceeded quota" not in error.message
+class StaleStatusError(Exception):
+    """The job changed since the plan was made (409 on the status write): plan again."""
 
 
-async def _apply_one(client: ApiClient, children: ChildCache, obj: Mapping[str, Any]) -> None:
+def passing_refusal(kind: str, error: ApiError) -> str | None:
+    """The reason of a creation refusal that may pass on its own, or None if it is permanent."""
+    if error.status == 403 and "exceeded quota" in error.message:
+        return "QuotaExceeded"
+    if error.status == 403 and RBAC_REFUSAL.search(error.message):
+        return "OperatorForbidden"
+    if error.status == 404:
+        return "GangSchedulerUnavailable" if kind == "PodGroup" else "NotFound"
+    if error.status in (422, 403, 400):
+        return None
+    return "Refused"
+
+
+class RefusalMemory:
+    """What the API server last refused to create, by job UID and child name, for the planner."""
+
+    def __init__(self) -> None:
+        self._refusals: dict[str, dict[str, Refusal]] = {}
+        self._jobs: dict[str, tuple[str, str]] = {}
+
+    def record(self, job_uid: str, key: tuple[str, str], name: str, reason: str, message: str, now: datetime) -> None:
+        known = self._refusals.setdefault(job_uid, {}).get(name)
+        self._jobs[job_uid] = key
+        if known is not None and known.reason == reason:
+            refusal = Refusal(reason, message, known.first, now, known.attempts + 1)
+        else:
+            refusal = Refusal(reason, message, now, now)
+        self._refusals[job_uid][name] = refusal
+
+    def clear(self, job_uid: str, name: str) -> None:
+        refusals = self._refusals.get(job_uid)
+        if refusals is not None:
+            refusals.pop(name, None)
+            if not refusals:
+                self._refusals.pop(job_uid, None)
+                self._jobs.pop(job_uid, None)
+
+    def of(self, job_uid: str) -> dict[str, Refusal]:
+        return dict(self._refusals.get(job_uid, {}))
+
+    def forget_job(self, key: tuple[str, str]) -> None:
+        for job_uid in [uid for uid, known in self._jobs.items() if known == key]:
+            self._refusals.pop(job_uid, None)
+            self._jobs.pop(job_uid, None)
+
+    def quota_freed(self, namespace: str) -> list[tuple[str, str]]:
+        """A pod in ``namespace`` went away: quota refusals there may be retried at once.
+        Returns the jobs to wake."""
+        woken = []
+        for job_uid, refusals in self._refusals.items():
+            key = self._jobs[job_uid]
+            if key[0] != namespace:
+                continue
+            for name, refusal in list(refusals.items()):
+                if refusal.reason == "QuotaExceeded" and not refusal.retry_now:
+                    refusals[name] = dataclasses.replace(refusal, retry_now=True)
+                    woken.append(key)
+        return woken
+
+
+@dataclass
+class Execution:
+    """Everything one execution needs besides the plan."""
+
+    client: ApiClient
+    jobs: JobCache
+    children: ChildCache
+    refusals: RefusalMemory
+
+
+async def _create(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any], now: datetime) -> None:
+    metadata = job["metadata"]
+    kind, name = obj["kind"], obj["metadata"]["name"]
     try:
-        response = await client.apply(obj)
+        response = await run.client.create(obj)
     except ApiError as error:
-        if refusal(error):
-            raise AdmissionRefusedError(f"{obj['kind']} {obj['metadata']['name']}", error) from error
+        if error.status == 409:
+            await _name_taken(run, job, obj, now)
+            return
+        reason = passing_refusal(kind, error)
+        if reason is None:
+            raise AdmissionRefusedError(f"{kind} {name}", error) from error
+        logger.info("creating %s %s/%s refused (%s): %s", kind, metadata["namespace"], name, reason, error.message)
+        run.refusals.record(
+            metadata["uid"], (metadata["namespace"], metadata["name"]), name, reason, error.message, now
+        )
+        return
+    run.refusals.clear(metadata["uid"], name)
+    run.children.observe("ADDED", response)
+
+
+async def _name_taken(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any], now: datetime) -> None:
+    """409 on create: ours (a lost response, a cache behind the server) or someone else's."""
+    metadata = job["metadata"]
+    kind, name = obj["kind"], obj["metadata"]["name"]
+    try:
+        existing = await run.client.get(obj["apiVersion"], kind, metadata["namespace"], name)
+    except ApiError as error:
+        if error.status == 404:
+            return  # gone again since: the next pass creates it
         raise
-    children.observe("MODIFIED", response)
+    owner = controller_of(existing)
+    if owner is not None and owner[1] == metadata["uid"]:
+        run.refusals.clear(metadata["uid"], name)
+        run.children.observe("ADDED", existing)
+        return
+    holder = f"TrainingJob {owner[0]} (uid {owner[1]})" if owner is not None else "no TrainingJob"
+    message = f"{kind} {name} already exists, controlled by {holder}; phalanx leaves it alone"
+    run.refusals.record(metadata["uid"], (metadata["namespace"], metadata["name"]), name, "NameConflict", message, now)
+
+
+async def _update(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any], uid: str) -> None:
+    try:
+        response = await run.client.apply(obj, uid=uid)
+    except ApiError as error:
+        if error.status in (404, 409) or (error.status == 422 and "metadata.uid" in error.message):
+            return  # replaced or gone since we looked: the next pass sees it
+        raise
+    run.children.observe("MODIFIED", response)
 
 
 async def post_event(client: ApiClient, job: Mapping[str, Any], event: Event, now: datetime) -> None:
-    """Record a core/v1 Event on the TrainingJob (best effort: events are not state)."""
+    """Record a core/v1 Event on the TrainingJob (best effort: events are not state).
+
+    Its name is new each time, so a POST that may have reached the server is never sent again.
+    """
     metadata = job["metadata"]
     stamp = format_time(now)
     body = {
@@ -80,41 +211,66 @@ async def post_event(client: ApiClient, job: Mapping[str, Any], event: Event, no
     }
     try:
         await client.request("POST", f"/api/v1/namespaces/{metadata['namespace']}/events", body=body)
-    except ApiError as error:
+    except (ApiError, TimeoutError, OSError) as error:
         logger.warning("could not record event %s on %s: %s", event.reason, metadata["name"], error)
 
 
-async def execute(
-    plan: Plan, *, client: ApiClient, job: Mapping[str, Any], jobs: JobCache, children: ChildCache, now: datetime
-) -> None:
-    """Apply the plan. Raises AdmissionRefusedError when the API server refuses a child."""
+async def write_status(run: Execution, job: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Write status from a plan made on ``job``; False if the job is gone."""
     metadata = job["metadata"]
-    namespace, name = metadata["namespace"], metadata["name"]
-    if plan.status and status_changed(job.get("status"), plan.status):
-        try:
-            updated = await client.patch_status(api.API_VERSION, api.PLURAL, namespace, name, plan.status)
-        except ApiError as error:
-            if error.status == 404:
-                return
-            raise
-        jobs.update(updated)
+    try:
+        updated = await run.client.patch_status(
+            api.API_VERSION,
+            api.PLURAL,
+            metadata["namespace"],
+            metadata["name"],
+            status,
+            resource_version=metadata.get("resourceVersion"),
+        )
+    except ApiError as error:
+        if error.status == 404:
+            return False
+        if error.status == 409:
+            raise StaleStatusError(f"{metadata['namespace']}/{metadata['name']} changed since it was read") from error
+        raise
+    run.jobs.update(updated)
+    return True
 
-    ordered = [
-        obj
-        for obj in plan.apply
-        if obj["kind"] != "Pod" or obj["metadata"]["labels"].get(naming.ROLE_LABEL) != naming.ROLE_WORKER
-    ]
-    workers = [obj for obj in plan.apply if obj not in ordered]
-    for obj in ordered:
-        await _apply_one(client, children, obj)
-    await asyncio.gather(*(_apply_one(client, children, obj) for obj in workers))
+
+async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: datetime) -> None:
+    """Apply the plan. Raises AdmissionRefusedError when the API server refuses a child for good."""
+    metadata = job["metadata"]
+    namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
+    if plan.status and status_changed(job.get("status"), plan.status) and not await write_status(run, job, plan.status):
+        return
+    known = run.children.objects_of(uid)
+    pods = {pod.name: pod for pod in run.children.pods_of(uid)}
+
+    async def put(obj: Mapping[str, Any]) -> None:
+        ident = (obj["kind"], obj["metadata"]["name"])
+        record = known.get(ident)
+        if obj["kind"] != "Pod" and record is not None and record.uid:
+            await _update(run, job, obj, record.uid)
+        elif obj["kind"] != "Pod" or ident[1] not in pods:
+            await _create(run, job, obj, now)
+
+    store = naming.rendezvous_name(name)
+    workers = [obj for obj in plan.apply if obj["kind"] == "Pod" and obj["metadata"]["name"] != store]
+    for obj in plan.apply:
+        if not any(obj is worker for worker in workers):
+            await put(obj)
+    await asyncio.gather(*(put(obj) for obj in workers))
 
     async def remove(kind: str, child: str, grace: int | None) -> None:
-        await client.delete("v1", kind, namespace, child, grace_seconds=grace)
-        children.mark_deleting((namespace, name), child)
+        pod = pods.get(child) if kind == "Pod" else None
+        await run.client.delete(
+            "v1", kind, namespace, child, grace_seconds=grace, uid=pod.uid if pod is not None and pod.uid else None
+        )
+        if pod is not None:
+            run.children.mark_deleting(uid, child)
 
     await asyncio.gather(*(remove(d.kind, d.name, d.grace_seconds) for d in plan.delete))
     for event in plan.events:
-        await post_event(client, job, event, now)
+        await post_event(run.client, job, event, now)
     if plan.delete_job:
-        await client.delete(api.API_VERSION, api.KIND, namespace, name, plural=api.PLURAL)
+        await run.client.delete(api.API_VERSION, api.KIND, namespace, name, plural=api.PLURAL, uid=uid)

@@ -1,54 +1,120 @@
-"""In-memory views of what the watches deliver: TrainingJobs, their children, unready nodes.
+"""In-memory views of what the informers deliver: TrainingJobs, their children, unready nodes.
 
-Children are kept as compact records (see ``reconcile.observed``), indexed by the job
-they belong to, so a reconcile pass reads its observed state from memory instead of
-listing pods from the API server. Responses to our own writes are fed in too, so the
-next pass never acts on a view older than what it just did.
+Children are kept as compact records (see ``reconcile.observed``), indexed by the UID of the
+TrainingJob that controls them (their controller owner reference), never by name: a job deleted
+and created again under the same name must not see its predecessor's pods as its own. Objects that
+carry a job's name label but belong to another owner are kept too, as *foreign*: they block the
+names the job needs, and the planner says so instead of taking them over.
+
+Each cache is an informer sink: a list replaces everything of its kind and scope (so deletions a
+watch missed during a gap disappear), single events update one object. Responses to our own
+writes are fed in as well, so the next pass never acts on a view older than what it just did; an
+object in the cache newer than a list's resourceVersion (one we created after the list's
+snapshot) survives that list.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming
 from phalanx.reconcile.observed import (
+    Completion,
     ObjectRecord,
     Observed,
     PodRecord,
+    Refusal,
     WorkerProgress,
     object_record,
     pod_record,
 )
 
 JobKey = tuple[str, str]
+ObjectKey = tuple[str, str, str]  # kind, namespace, name
 
 
-def _resource_version(body: Mapping[str, Any]) -> int:
+def resource_version(body: Mapping[str, Any]) -> int:
+    """etcd's resourceVersions are integers; the API calls them opaque, so treat others as 0."""
     try:
         return int(body.get("metadata", {}).get("resourceVersion", "0"))
-    except ValueError:  # resourceVersion is opaque; etcd's happen to be integers
+    except ValueError:
         return 0
 
 
-class JobCache:
-    """The latest body of every TrainingJob, newest resourceVersion wins."""
+def _list_version(version: str) -> int | None:
+    """The list's snapshot version; None means "nothing exists" (an API that is not served)."""
+    try:
+        return int(version) if version else None
+    except ValueError:
+        return 0
 
-    def __init__(self) -> None:
+
+def controller_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the TrainingJob that controls this object, if one does."""
+    for reference in body.get("metadata", {}).get("ownerReferences") or []:
+        if (
+            reference.get("controller")
+            and reference.get("kind") == api.KIND
+            and reference.get("apiVersion", "").startswith(f"{api.GROUP}/")
+        ):
+            return str(reference.get("name", "")), str(reference.get("uid", ""))
+    return None
+
+
+class JobCache:
+    """The latest body of every TrainingJob, newest resourceVersion wins.
+
+    ``on_change(key, gone)`` is called for every change; ``gone`` when the job no longer exists.
+    """
+
+    def __init__(self, on_change: Callable[[JobKey, bool], None] | None = None) -> None:
         self._bodies: dict[JobKey, dict[str, Any]] = {}
+        self._on_change = on_change
+
+    def _notify(self, key: JobKey, gone: bool) -> None:
+        if self._on_change is not None:
+            self._on_change(key, gone)
 
     def update(self, body: Mapping[str, Any]) -> JobKey:
+        """Fold in a body (from a watch or a write's response) unless ours is newer."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         known = self._bodies.get(key)
         if (
             known is None
-            or _resource_version(body) >= _resource_version(known)
+            or resource_version(body) >= resource_version(known)
             or known["metadata"].get("uid") != body["metadata"].get("uid")
         ):
             self._bodies[key] = dict(body)
         return key
+
+    def observe(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if event_type == "DELETED":
+            known = self._bodies.get(key)
+            if known is not None and known["metadata"].get("uid") == obj["metadata"].get("uid"):
+                self.forget(key)
+                self._notify(key, True)
+            return
+        self.update(obj)
+        self._notify(key, False)
+
+    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str) -> None:
+        listed = {(obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objects}
+        snapshot = _list_version(version)
+        for key, body in list(self._bodies.items()):
+            in_scope = namespace is None or key[0] == namespace
+            newer = snapshot is not None and resource_version(body) > snapshot
+            if in_scope and key not in listed and not newer:
+                self.forget(key)
+                self._notify(key, True)
+        for obj in objects:
+            self.update(obj)
+            self._notify((obj["metadata"]["namespace"], obj["metadata"]["name"]), False)
 
     def forget(self, key: JobKey) -> None:
         self._bodies.pop(key, None)
@@ -60,96 +126,221 @@ class JobCache:
         return list(self._bodies)
 
 
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """Where one child is filed: its controller (if any) and the job name it is labelled with."""
+
+    owner_uid: str | None
+    owner_name: str | None
+    job_label: str | None
+    version: int
+
+
 class ChildCache:
-    """Compact records of pods, Services and PodGroups, by owning job."""
+    """Compact records of pods, Services and PodGroups, by the UID of the job that controls them.
 
-    def __init__(self) -> None:
-        self._pods: dict[JobKey, dict[str, PodRecord]] = defaultdict(dict)
-        self._objects: dict[JobKey, dict[tuple[str, str], ObjectRecord]] = defaultdict(dict)
-        self._versions: dict[tuple[str, str, str], int] = {}
+    ``on_change(key)`` names the job (namespace, name) whose children changed; ``on_pod_gone``
+    the namespace of a pod that no longer exists.
+    """
 
-    @staticmethod
-    def job_of(body: Mapping[str, Any]) -> JobKey | None:
-        metadata = body.get("metadata", {})
-        job = (metadata.get("labels") or {}).get(naming.JOB_NAME_LABEL)
-        return (metadata.get("namespace", ""), job) if job else None
+    def __init__(
+        self,
+        on_change: Callable[[JobKey], None] | None = None,
+        on_pod_gone: Callable[[str], None] | None = None,
+    ) -> None:
+        self._pods: dict[str, dict[str, PodRecord]] = defaultdict(dict)
+        self._objects: dict[str, dict[tuple[str, str], ObjectRecord]] = defaultdict(dict)
+        self._entries: dict[ObjectKey, _Entry] = {}
+        self._labelled: dict[JobKey, set[tuple[str, str]]] = defaultdict(set)
+        self._on_change = on_change
+        self._on_pod_gone = on_pod_gone
 
-    def _fresh(self, body: Mapping[str, Any], deleted: bool) -> bool:
-        metadata = body["metadata"]
-        ident = (body.get("kind", ""), metadata.get("namespace", ""), metadata["name"])
-        version = _resource_version(body)
-        if deleted:
-            self._versions.pop(ident, None)
-            return True
-        if version and version < self._versions.get(ident, 0):
-            return False
-        self._versions[ident] = version
-        return True
+    # -- feeding --------------------------------------------------------------------------------
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> JobKey | None:
-        """Fold one watch event (or API response) in; returns the job it belongs to."""
-        key = self.job_of(body)
-        if key is None:
-            return None
-        deleted = event_type == "DELETED"
-        if not self._fresh(body, deleted):
-            return key
-        name = body["metadata"]["name"]
-        if body.get("kind", "Pod") == "Pod":
-            if deleted:
-                self._pods[key].pop(name, None)
+        """Fold one watch event (or API response) in; returns the job it concerns."""
+        metadata = body.get("metadata", {})
+        kind = body.get("kind") or "Pod"
+        ident = (kind, metadata.get("namespace", ""), metadata.get("name", ""))
+        if event_type == "DELETED":
+            return self._remove(ident)
+        version = resource_version(body)
+        known = self._entries.get(ident)
+        if known is not None and version and version < known.version:
+            return self._job_of(ident[1], known)  # an older event arrived late
+        owner = controller_of(body)
+        label = (metadata.get("labels") or {}).get(naming.JOB_NAME_LABEL)
+        if known is not None:
+            self._unfile(ident, known)
+        entry = _Entry(owner[1] if owner else None, owner[0] if owner else None, label, version)
+        self._entries[ident] = entry
+        if label:
+            self._labelled[(ident[1], label)].add((kind, ident[2]))
+        if entry.owner_uid:
+            if kind == "Pod":
+                self._pods[entry.owner_uid][ident[2]] = pod_record(body)
             else:
-                self._pods[key][name] = pod_record(body)
-        else:
-            ident = (body["kind"], name)
-            if deleted:
-                self._objects[key].pop(ident, None)
-            else:
-                self._objects[key][ident] = object_record(body)
+                self._objects[entry.owner_uid][(kind, ident[2])] = object_record(body)
+        key = self._job_of(ident[1], entry)
+        self._notify(key)
         return key
 
-    def forget(self, key: JobKey) -> None:
-        self._pods.pop(key, None)
-        self._objects.pop(key, None)
+    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str) -> None:
+        """A list of every ``kind`` in ``namespace``: what is missing from it is gone."""
+        listed = {(kind, obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objects}
+        snapshot = _list_version(version)
+        for ident, entry in list(self._entries.items()):
+            if ident[0] != kind or (namespace is not None and ident[1] != namespace) or ident in listed:
+                continue
+            if snapshot is None or entry.version <= snapshot:
+                self._remove(ident)
+        for obj in objects:
+            self.observe("ADDED", {**obj, "kind": kind})
 
-    def mark_deleting(self, key: JobKey, name: str) -> None:
-        """Record our own deletion at once, so the next pass never counts the same failure twice
-        while the watch's delete event is still on its way."""
-        record = self._pods.get(key, {}).get(name)
+    def _remove(self, ident: ObjectKey) -> JobKey | None:
+        entry = self._entries.pop(ident, None)
+        if entry is None:
+            return None
+        self._unfile(ident, entry)
+        key = self._job_of(ident[1], entry)
+        self._notify(key)
+        if ident[0] == "Pod" and self._on_pod_gone is not None:
+            self._on_pod_gone(ident[1])
+        return key
+
+    def _unfile(self, ident: ObjectKey, entry: _Entry) -> None:
+        kind, namespace, name = ident
+        if entry.job_label:
+            names = self._labelled.get((namespace, entry.job_label))
+            if names is not None:
+                names.discard((kind, name))
+                if not names:
+                    del self._labelled[(namespace, entry.job_label)]
+        if entry.owner_uid:
+            table: dict[Any, Any] = self._pods if kind == "Pod" else self._objects
+            records = table.get(entry.owner_uid)
+            if records is not None:
+                records.pop(name if kind == "Pod" else (kind, name), None)
+                if not records:
+                    del table[entry.owner_uid]
+
+    @staticmethod
+    def _job_of(namespace: str, entry: _Entry) -> JobKey | None:
+        name = entry.owner_name or entry.job_label
+        return (namespace, name) if name else None
+
+    def _notify(self, key: JobKey | None) -> None:
+        if key is not None and self._on_change is not None:
+            self._on_change(key)
+
+    def mark_deleting(self, owner_uid: str, name: str) -> None:
+        """Record our own deletion at once, so the next pass does not delete it again while the
+        watch's event is still on its way (counting is by UID and does not depend on this)."""
+        record = self._pods.get(owner_uid, {}).get(name)
         if record is not None and not record.deleting:
-            self._pods[key][name] = dataclasses.replace(record, deleting=True)
+            self._pods[owner_uid][name] = dataclasses.replace(record, deleting=True)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def foreign(self, namespace: str, job_name: str, job_uid: str) -> frozenset[tuple[str, str]]:
+        """(kind, name) of objects labelled with this job's name that this job does not control."""
+        names = self._labelled.get((namespace, job_name), set())
+        return frozenset(
+            (kind, name)
+            for kind, name in names
+            if (entry := self._entries.get((kind, namespace, name))) is not None and entry.owner_uid != job_uid
+        )
 
     def jobs_on_node(self, node: str) -> list[JobKey]:
-        return [key for key, pods in self._pods.items() if any(p.node_name == node for p in pods.values())]
+        found = []
+        for pods in self._pods.values():
+            for pod in pods.values():
+                if pod.node_name == node and pod.owner_name:
+                    found.append((pod.namespace, pod.owner_name))
+                    break
+        return found
 
-    def observed(self, key: JobKey, unready_nodes: frozenset[str], progress: WorkerProgress | None = None) -> Observed:
-        pods = tuple(sorted(self._pods.get(key, {}).values(), key=lambda pod: pod.name))
+    def jobs_in(self, namespace: str) -> set[JobKey]:
+        """Jobs with pods in a namespace (to wake those a freed quota may help)."""
+        return {
+            (pod.namespace, pod.owner_name)
+            for pods in self._pods.values()
+            for pod in pods.values()
+            if pod.namespace == namespace and pod.owner_name
+        }
+
+    def objects_of(self, job_uid: str) -> dict[tuple[str, str], ObjectRecord]:
+        """Services and PodGroups the job controls, by (kind, name)."""
+        return dict(self._objects.get(job_uid, {}))
+
+    def pods_of(self, job_uid: str) -> tuple[PodRecord, ...]:
+        return tuple(sorted(self._pods.get(job_uid, {}).values(), key=lambda pod: pod.name))
+
+    def observed(
+        self,
+        namespace: str,
+        job_name: str,
+        job_uid: str,
+        unready_nodes: frozenset[str],
+        *,
+        progress: WorkerProgress | None = None,
+        completion: Completion | None = None,
+        refusals: Mapping[str, Refusal] | None = None,
+        missing_apis: Mapping[str, str] | None = None,
+    ) -> Observed:
         return Observed(
-            pods=pods, objects=dict(self._objects.get(key, {})), unready_nodes=unready_nodes, progress=progress
+            pods=self.pods_of(job_uid),
+            objects=dict(self._objects.get(job_uid, {})),
+            unready_nodes=unready_nodes,
+            progress=progress,
+            completion=completion,
+            foreign=self.foreign(namespace, job_name, job_uid),
+            refusals=dict(refusals or {}),
+            missing_apis=dict(missing_apis or {}),
         )
 
     def pod_count(self) -> int:
-        return sum(len(pods) for pods in self._pods.values())
+        return len([ident for ident in self._entries if ident[0] == "Pod"])
 
 
 class NodeCache:
-    """Names of nodes whose Ready condition is not True."""
+    """Names of nodes whose Ready condition is not True.
 
-    def __init__(self) -> None:
+    ``on_change(name)`` is called when a node's readiness changed or it was deleted.
+    """
+
+    def __init__(self, on_change: Callable[[str], None] | None = None) -> None:
         self._unready: set[str] = set()
+        self._known: set[str] = set()
+        self._on_change = on_change
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
         """Fold one node event in; True when the node's readiness changed."""
         name = body["metadata"]["name"]
         conditions = (body.get("status") or {}).get("conditions") or []
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-        unready = event_type != "DELETED" and not ready
+        deleted = event_type == "DELETED"
+        unready = not deleted and not ready
         before = name in self._unready
         if unready:
             self._unready.add(name)
         else:
             self._unready.discard(name)
-        return before != unready or event_type == "DELETED"
+        if deleted:
+            self._known.discard(name)
+        else:
+            self._known.add(name)
+        changed = before != unready or deleted
+        if changed and self._on_change is not None:
+            self._on_change(name)
+        return changed
+
+    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str) -> None:
+        listed = {obj["metadata"]["name"] for obj in objects}
+        for name in self._known - listed:
+            self.observe("DELETED", {"metadata": {"name": name}})
+        for obj in objects:
+            self.observe("ADDED", obj)
 
     def unready(self) -> frozenset[str]:
         return frozenset(self._unready)

@@ -16,7 +16,7 @@ import logging
 import ssl
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0)
 TOKEN_REREAD_SECONDS = 60.0
+NO_STORED_VERSION = "1"  # see ApiClient.create
 
 # kind -> (API prefix, plural); PodGroups are resolved by apiVersion below.
 CORE_RESOURCES: Mapping[str, str] = {"Pod": "pods", "Service": "services", "Event": "events"}
@@ -101,6 +102,7 @@ class ApiClient:
         self._slots = asyncio.Semaphore(max_in_flight)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._watch_session: aiohttp.ClientSession | None = None
         self._scratch = tempfile.TemporaryDirectory(prefix="phalanx-client-")
         self._token_cache: tuple[float, str] | None = None
         self.requests = 0
@@ -113,18 +115,27 @@ class ApiClient:
     ) -> None:
         await self.close()
 
+    def _new_session(self, limit: int, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+        context = _ssl_context(self.credentials, Path(self._scratch.name))
+        headers = {"Accept": "application/json", "User-Agent": "phalanx"}
+        return aiohttp.ClientSession(
+            base_url=self.credentials.server.rstrip("/"),
+            headers=headers,
+            connector=aiohttp.TCPConnector(ssl=context, limit=limit),
+            timeout=timeout,
+        )
+
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
-            context = _ssl_context(self.credentials, Path(self._scratch.name))
-            headers = {"Accept": "application/json", "User-Agent": "phalanx"}
-            connector = aiohttp.TCPConnector(ssl=context, limit=self.max_in_flight)
-            self._session = aiohttp.ClientSession(
-                base_url=self.credentials.server.rstrip("/"),
-                headers=headers,
-                connector=connector,
-                timeout=self._timeout,
-            )
+            self._session = self._new_session(self.max_in_flight, self._timeout)
         return self._session
+
+    def _open_watches(self) -> aiohttp.ClientSession:
+        """Watches get connections of their own: a long stream must never wait for, or take, a
+        connection that requests need."""
+        if self._watch_session is None:
+            self._watch_session = self._new_session(0, aiohttp.ClientTimeout(total=None))
+        return self._watch_session
 
     def _token(self) -> str | None:
         """The bearer token; projected service-account tokens rotate, so re-read the file each minute."""
@@ -138,9 +149,10 @@ class ApiClient:
 
     async def close(self) -> None:
         """Close the connection pool."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+        self._session = self._watch_session = None
         self._scratch.cleanup()
 
     async def request(
@@ -151,31 +163,50 @@ class ApiClient:
         params: Mapping[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        idempotent: bool | None = None,
     ) -> dict[str, Any]:
-        """Send one request; retry throttling and server errors; raise ApiError otherwise."""
+        """Send one request; retry throttling and server errors; raise ApiError otherwise.
+
+        A request that may have reached the server (a timeout, a dropped connection, a 5xx) is
+        sent again only when repeating it is harmless: every method but POST, or a POST the
+        caller marks ``idempotent`` (a create with a fixed name answers 409 the second time).
+        A 429 was refused before it was processed, so it is always retried. No concurrency
+        slot is held while waiting to retry.
+        """
         session = self._open()
         data = None if body is None else json.dumps(body, separators=(",", ":"))
         headers = {"Content-Type": content_type} if data is not None else {}
         token = self._token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        repeatable = method != "POST" if idempotent is None else idempotent
         for attempt, delay in enumerate((*RETRY_DELAYS, None)):
             async with self._slots:
                 self.requests += 1
                 try:
                     async with session.request(method, path, params=params, data=data, headers=headers) as response:
                         text = await response.text()
-                        if response.status < 300:
-                            return json.loads(text) if text else {}
                         status = response.status
                         retry_after = response.headers.get("Retry-After")
-                except (TimeoutError, aiohttp.ClientConnectionError) as error:
+                except aiohttp.ClientConnectorError as error:
+                    # Never connected: the server did not see the request.
                     if delay is None:
                         raise
+                    wait: float | None = delay
+                    logger.debug("%s %s: cannot connect (%s), retry %d", method, path, error, attempt + 1)
+                except (TimeoutError, aiohttp.ClientConnectionError) as error:
+                    if delay is None or not repeatable:
+                        raise
+                    wait = delay
                     logger.debug("%s %s failed (%s), retry %d", method, path, error, attempt + 1)
-                    await asyncio.sleep(delay)
-                    continue
-            if status in RETRYABLE_STATUSES and delay is not None:
+                else:
+                    wait = None
+            if wait is not None:
+                await asyncio.sleep(wait)
+                continue
+            if status < 300:
+                return json.loads(text) if text else {}
+            if delay is not None and (status == 429 or (status in RETRYABLE_STATUSES and repeatable)):
                 await asyncio.sleep(float(retry_after) if retry_after and retry_after.isdigit() else delay)
                 continue
             try:
@@ -185,15 +216,73 @@ class ApiClient:
             raise ApiError(status, str(payload.get("reason", "")), str(payload.get("message", text)))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply as the phalanx field manager, taking ownership of our fields."""
+    async def watch(
+        self, path: str, params: Mapping[str, str], *, silence_seconds: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream the events of one watch request until the server ends it.
+
+        A watch lasts minutes, so it holds no concurrency slot; ``silence_seconds`` bounds the
+        time between two lines (the server sends bookmarks), not the whole stream.
+        """
+        session = self._open_watches()
+        headers = {}
+        token = self._token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.requests += 1
+        stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=silence_seconds)
+        async with session.get(path, params=params, headers=headers, timeout=stream_timeout) as response:
+            if response.status >= 300:
+                text = await response.text()
+                try:
+                    payload = json.loads(text)
+                except json.JSONDecodeError:
+                    payload = {"reason": "Unknown", "message": text}
+                raise ApiError(response.status, str(payload.get("reason", "")), str(payload.get("message", text)))
+            async for line in response.content:
+                if line.strip():
+                    yield json.loads(line)
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create an object by server-side apply, as the phalanx field manager; 409 if the name is taken.
+
+        A blind apply would take over (and add our owner reference to) a foreign object that
+        happens to have the name. The apply carries a resourceVersion precondition no stored
+        object can meet (etcd's first write is revision 2, so nothing was last written at 1):
+        the API server creates a missing object and answers 409 Conflict for an existing one.
+        A create that may have reached the server is therefore safe to send again.
+        """
         metadata = obj["metadata"]
         path = resource_path(obj["apiVersion"], obj["kind"], metadata.get("namespace"), metadata["name"])
+        body = {**obj, "metadata": {**metadata, "resourceVersion": NO_STORED_VERSION}}
         return await self.request(
             "PATCH",
             path,
             params={"fieldManager": naming.FIELD_MANAGER, "force": "true"},
-            body=obj,
+            body=body,
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str, *, plural: str | None = None
+    ) -> dict[str, Any]:
+        """Read one object."""
+        return await self.request("GET", resource_path(api_version, kind, namespace, name, plural=plural))
+
+    async def apply(self, obj: Mapping[str, Any], *, uid: str) -> dict[str, Any]:
+        """Server-side apply to an object we own, as the phalanx field manager.
+
+        ``uid`` is a precondition: if the object was replaced by another of the same name, the
+        API server refuses (422, the UID is immutable) instead of applying to the newcomer.
+        """
+        metadata = obj["metadata"]
+        path = resource_path(obj["apiVersion"], obj["kind"], metadata.get("namespace"), metadata["name"])
+        body = {**obj, "metadata": {**metadata, "uid": uid}}
+        return await self.request(
+            "PATCH",
+            path,
+            params={"fieldManager": naming.FIELD_MANAGER, "force": "true"},
+            body=body,
             content_type="application/apply-patch+yaml",
         )
 
@@ -206,25 +295,42 @@ class ApiClient:
         *,
         grace_seconds: int | None = None,
         plural: str | None = None,
+        uid: str | None = None,
     ) -> bool:
-        """Delete an object; False when it was already gone."""
+        """Delete an object; False when it was already gone (or, with ``uid``, replaced by another)."""
         body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            body["preconditions"] = {"uid": uid}
         try:
             await self.request("DELETE", resource_path(api_version, kind, namespace, name, plural=plural), body=body)
         except ApiError as error:
-            if error.status == 404:
+            if error.status == 404 or (error.status == 409 and uid):
                 return False
             raise
         return True
 
     async def patch_status(
-        self, api_version: str, plural: str, namespace: str, name: str, status: Mapping[str, Any]
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        *,
+        resource_version: str | None = None,
     ) -> dict[str, Any]:
-        """Merge-patch the status subresource; returns the updated object."""
+        """Merge-patch the status subresource; returns the updated object.
+
+        With ``resource_version`` the patch applies only to that version of the object (409
+        Conflict otherwise), so a status computed from a stale view never overwrites a newer one.
+        """
         path = resource_path(api_version, "", namespace, name, plural=plural) + "/status"
-        return await self.request("PATCH", path, body={"status": status}, content_type="application/merge-patch+json")
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return await self.request("PATCH", path, body=body, content_type="application/merge-patch+json")
 
     async def list(
         self,

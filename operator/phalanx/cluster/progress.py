@@ -1,20 +1,25 @@
-"""Training progress as the workers report it: world size and last checkpoint.
+"""Training progress as the workers report it: world size, last checkpoint, completion.
 
-Every worker's local rank 0 serves ``phalanx.worker`` metrics on PHALANX_WORKER_METRICS_PORT.
-Every ``interval`` seconds the poller scrapes one ready worker of each training job (the
-lowest index of the current attempt) over plain HTTP, keeps the result per job and wakes the
-job when it changed, so the planner writes ``status.workers.worldSize`` and
-``status.lastCheckpoint``. No RBAC and no code in the training pod are needed; the operator
-must reach pod IPs on that port (a NetworkPolicy that blocks it only leaves those fields out).
-One small GET per training job and interval, a few in flight at a time, short timeouts: a
-worker that does not answer costs nothing but its absent fields.
+Every worker's local rank 0 serves ``phalanx.worker`` metrics on its ``phalanx-metrics`` container
+port; the rendezvous store pod serves, on its own, whether a rank recorded that training
+completed. Every ``interval`` seconds the poller scrapes, for each job that trains, one ready
+worker (the lowest index of the current attempt) and the store, over plain HTTP; it keeps the
+result per job and wakes the job when it changed, so the planner writes
+``status.workers.worldSize`` and ``status.lastCheckpoint``, and ends a completed job. No RBAC and
+no code in the training pod are needed; the operator must reach pod IPs on that port (a
+NetworkPolicy that blocks it only leaves those fields out).
+
+A pod's answer is never trusted: values that are not finite, negative or absurd are dropped,
+and whatever goes wrong scraping one pod costs that job its fields and nothing else. The poll
+loop itself survives any error, so one bad endpoint never stops progress for every job.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 import aiohttp
@@ -22,7 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey
 from phalanx.reconcile import naming
-from phalanx.reconcile.observed import PodRecord, WorkerProgress
+from phalanx.reconcile.environment import WORKER_METRICS_PORT
+from phalanx.reconcile.observed import Completion, PodRecord, WorkerProgress
 from phalanx.reconcile.plan import TRAINING
 
 logger = logging.getLogger(__name__)
@@ -30,25 +36,61 @@ logger = logging.getLogger(__name__)
 WORLD_SIZE = "phalanx_worker_world_size"
 CHECKPOINT_STEP = "phalanx_worker_last_checkpoint_step"
 CHECKPOINT_TIME = "phalanx_worker_last_checkpoint_timestamp_seconds"
+COMPLETED = ("phalanx_training_completed_attempt", "phalanx_training_completed_step", "phalanx_training_completed_rank")
+MAX_COUNT = 2**53  # steps, ranks, attempts: beyond a float's exact integers a value is garbage
+EARLIEST_CHECKPOINT, LATEST_CHECKPOINT = 946684800.0, 7258118400.0  # 2000-01-01 .. 2200-01-01
+STORE_SCRAPED = ("Running", "Rescaling", "Restarting")
+
+
+class ProgressError(ValueError):
+    """A metrics page that cannot be read at all."""
+
+
+def _samples(text: str, names: Iterable[str]) -> dict[str, float]:
+    wanted = set(names)
+    values: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in wanted:
+                    values[sample.name] = float(sample.value)
+    except Exception as error:  # the parser raises whatever it meets; none of it is ours to crash on
+        raise ProgressError(f"not Prometheus text: {error}") from error
+    return values
+
+
+def _count(value: float | None, *, minimum: int = 0) -> int | None:
+    """A sane integer, or None for a value that is absent, not finite or out of range."""
+    if value is None or not math.isfinite(value) or not minimum <= value < MAX_COUNT:
+        return None
+    return int(value)
 
 
 def parse_progress(text: str, attempt: int) -> WorkerProgress:
     """Read the world size and the last checkpoint out of a worker's /metrics text."""
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in (WORLD_SIZE, CHECKPOINT_STEP, CHECKPOINT_TIME):
-                values[sample.name] = sample.value
-    world = int(values.get(WORLD_SIZE, 0)) or None
-    committed = values.get(CHECKPOINT_TIME, 0.0)
-    if committed <= 0:  # no checkpoint committed by this worker process yet
+    values = _samples(text, (WORLD_SIZE, CHECKPOINT_STEP, CHECKPOINT_TIME))
+    world = _count(values.get(WORLD_SIZE), minimum=1)
+    committed = values.get(CHECKPOINT_TIME)
+    step = _count(values.get(CHECKPOINT_STEP))
+    if committed is None or not math.isfinite(committed) or not EARLIEST_CHECKPOINT <= committed <= LATEST_CHECKPOINT:
+        return WorkerProgress(attempt=attempt, world_size=world)  # none committed yet (0), or garbage
+    if step is None:
         return WorkerProgress(attempt=attempt, world_size=world)
     return WorkerProgress(
         attempt=attempt,
         world_size=world,
-        checkpoint_step=int(values.get(CHECKPOINT_STEP, 0)),
+        checkpoint_step=step,
         checkpoint_time=datetime.fromtimestamp(committed, UTC),
     )
+
+
+def parse_completion(text: str) -> Completion | None:
+    """What the rendezvous store says about completion, or None while training is not done."""
+    values = _samples(text, COMPLETED)
+    attempt = _count(values.get(COMPLETED[0]))
+    if attempt is None:
+        return None
+    return Completion(attempt=attempt, step=_count(values.get(COMPLETED[1])), rank=_count(values.get(COMPLETED[2])))
 
 
 def reporting_worker(pods: tuple[PodRecord, ...], attempt: int) -> PodRecord | None:
@@ -61,8 +103,15 @@ def reporting_worker(pods: tuple[PodRecord, ...], attempt: int) -> PodRecord | N
     return min(candidates, key=lambda pod: pod.index if pod.index is not None else 1 << 30, default=None)
 
 
+def _store(pods: tuple[PodRecord, ...]) -> PodRecord | None:
+    return next(
+        (pod for pod in pods if pod.role == naming.ROLE_RENDEZVOUS and pod.active and pod.ready and pod.pod_ip), None
+    )
+
+
 class ProgressPoller:
-    """Scrapes one worker per training job; ``get(key)`` is what the planner sees."""
+    """Scrapes one worker and the store per training job; ``get``/``completion`` are what the
+    planner sees."""
 
     def __init__(
         self,
@@ -70,26 +119,32 @@ class ProgressPoller:
         children: ChildCache,
         wake: Callable[[JobKey], None],
         *,
-        port: int,
         interval: float,
         timeout: float = 2.0,
         concurrency: int = 8,
+        default_port: int = WORKER_METRICS_PORT,
     ) -> None:
         self._jobs = jobs
         self._children = children
         self._wake = wake
-        self._port = port
         self.interval = interval
+        self._default_port = default_port
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._slots = asyncio.Semaphore(concurrency)
         self._latest: dict[JobKey, WorkerProgress] = {}
+        self._completed: dict[JobKey, Completion] = {}
         self._session: aiohttp.ClientSession | None = None
+        self.errors = 0
 
     def get(self, key: JobKey) -> WorkerProgress | None:
         return self._latest.get(key)
 
+    def completion(self, key: JobKey) -> Completion | None:
+        return self._completed.get(key)
+
     def forget(self, key: JobKey) -> None:
         self._latest.pop(key, None)
+        self._completed.pop(key, None)
 
     async def __aenter__(self) -> ProgressPoller:
         self._session = aiohttp.ClientSession(timeout=self._timeout)
@@ -101,44 +156,77 @@ class ProgressPoller:
             self._session = None
 
     async def run(self) -> None:
-        """Poll until cancelled."""
+        """Poll until cancelled; an error in one round is logged and the next round comes."""
         async with self:
             while True:
-                await self.poll_once()
+                try:
+                    await self.poll_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    self.errors += 1
+                    logger.exception("progress poll failed; polling again in %.0fs", self.interval)
                 await asyncio.sleep(self.interval)
 
     async def poll_once(self) -> None:
-        """Scrape every training job's reporting worker once (inside ``async with poller``)."""
-        targets: list[tuple[JobKey, PodRecord, int]] = []
-        known = self._jobs.keys()
-        for key in known:
+        """Scrape every training job's reporting worker and store once (inside ``async with``)."""
+        scrapes = []
+        for key in self._jobs.keys():  # noqa: SIM118 - JobCache, not a dict
             body = self._jobs.get(key) or {}
             status = body.get("status") or {}
-            if status.get("phase") not in TRAINING:
+            phase = status.get("phase")
+            if phase not in STORE_SCRAPED:
                 continue
-            attempt = int(status.get("attempt") or 0)
-            pod = reporting_worker(self._children.observed(key, frozenset()).pods, attempt)
-            if pod is not None:
-                targets.append((key, pod, attempt))
-        await asyncio.gather(*(self._scrape(key, pod, attempt) for key, pod, attempt in targets))
+            try:
+                attempt = int(status.get("attempt") or 0)
+            except (TypeError, ValueError):
+                continue
+            pods = self._children.pods_of(str(body["metadata"].get("uid", "")))
+            worker = reporting_worker(pods, attempt) if phase in TRAINING else None
+            if worker is not None:
+                scrapes.append(self._scrape_worker(key, worker, attempt))
+            store = _store(pods)
+            if store is not None:
+                scrapes.append(self._scrape_store(key, store))
+        await asyncio.gather(*scrapes)
 
-    async def _scrape(self, key: JobKey, pod: PodRecord, attempt: int) -> None:
+    async def _fetch(self, pod: PodRecord) -> str | None:
         assert self._session is not None
-        url = f"http://{pod.pod_ip}:{self._port}/metrics"
+        url = f"http://{pod.pod_ip}:{pod.metrics_port or self._default_port}/metrics"
         async with self._slots:
             try:
                 async with self._session.get(url) as response:
                     if response.status != 200:
-                        return
-                    text = await response.text()
-            except (aiohttp.ClientError, TimeoutError, OSError) as error:
-                logger.debug("no progress from %s (%s): %s", pod.name, url, error)
-                return
+                        return None
+                    return await response.text()
+            except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError) as error:
+                logger.debug("no metrics from %s (%s): %s", pod.name, url, error)
+                return None
+
+    async def _scrape_worker(self, key: JobKey, pod: PodRecord, attempt: int) -> None:
         try:
+            text = await self._fetch(pod)
+            if text is None:
+                return
             progress = parse_progress(text, attempt)
-        except ValueError as error:
-            logger.debug("unreadable metrics from %s: %s", pod.name, error)
+        except Exception as error:  # one pod's answer never affects another job
+            self.errors += 1
+            logger.warning("unreadable metrics from %s: %s", pod.name, error)
             return
         if self._latest.get(key) != progress:
             self._latest[key] = progress
+            self._wake(key)
+
+    async def _scrape_store(self, key: JobKey, pod: PodRecord) -> None:
+        try:
+            text = await self._fetch(pod)
+            if text is None:
+                return
+            completion = parse_completion(text)
+        except Exception as error:
+            self.errors += 1
+            logger.warning("unreadable status from %s: %s", pod.name, error)
+            return
+        if completion is not None and self._completed.get(key) != completion:
+            self._completed[key] = completion
             self._wake(key)

@@ -1,5 +1,5 @@
 """kopf glue. ``kopf run -m phalanx.handlers`` (or ``phalanx run``) registers everything here."""
 
-from phalanx.handlers import children, lifecycle, trainingjob
+from phalanx.handlers import lifecycle, trainingjob
 
-__all__ = ["children", "lifecycle", "trainingjob"]
+__all__ = ["lifecycle", "trainingjob"]

@@ -1,10 +1,16 @@
-"""Operator start-up and shut-down: kopf settings, the API client, caches, the work queue."""
+"""Operator start-up and shut-down: kopf settings, the API client, informers, the work queue.
+
+kopf runs the process (login, liveness probe, signals, start-up and clean-up handlers); the
+operator's own informers do the watching (see ``cluster.informer`` for why), so kopf watches
+nothing itself.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import kopf
@@ -14,11 +20,11 @@ from phalanx.cluster.client import ApiClient
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import trainingjob
-from phalanx.handlers.runtime import Runtime, credentials_from
+from phalanx.handlers.runtime import Runtime, credentials_from, watched_namespaces
 from phalanx.reconcile import naming
-from phalanx.reconcile.environment import WORKER_METRICS_PORT
 
 logger = logging.getLogger(__name__)
+RESTART_DELAY_SECONDS = 5.0
 
 
 def _setting(name: str, default: int) -> int:
@@ -26,16 +32,33 @@ def _setting(name: str, default: int) -> int:
     return int(os.environ.get(name, str(default)))
 
 
-def _login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+def login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """The same credentials kopf finds: a service account in a pod, else the kubeconfig."""
     info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
     return info
 
 
+def supervised(name: str, work: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+    """Run ``work`` until cancelled; if it ever raises, log it and start it again."""
+
+    async def keep_running() -> None:
+        while True:
+            try:
+                await work()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("%s stopped; starting it again in %.0fs", name, RESTART_DELAY_SECONDS)
+            await asyncio.sleep(RESTART_DELAY_SECONDS)
+
+    return asyncio.create_task(keep_running(), name=name)
+
+
 @kopf.on.startup(id="phalanx-startup")
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Configure kopf, then start the client and the reconcile workers."""
+    """Configure kopf, then start the client, the informers and the reconcile workers."""
     settings.persistence.finalizer = naming.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -44,40 +67,36 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.reporting_component = "phalanx"
     settings.posting.enabled = False  # we post our own events, with our own reasons
     settings.scanning.disabled = True  # least privilege: no watch on CRDs or namespaces
-    # Bound every request: kopf's default lets a LIST hang for 5 minutes, and one answered while a
-    # just-installed CRD's storage initialises (429, then a stalled retry) left the operator deaf to
-    # TrainingJobs that long. Watches end server-side and are resumed from their resourceVersion.
     settings.networking.request_timeout = 60
     settings.networking.connect_timeout = 10
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    settings.watching.connect_timeout = 10
-    # Event handlers run for every watched pod change; their per-event success lines are noise.
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    # Only our children cross the wire: filter pods and services on the server.
-    for resource in (
-        ("", "v1", "pods"),
-        ("", "v1", "services"),
-        ("scheduling.x-k8s.io", "v1alpha1", "podgroups"),
-        ("scheduling.volcano.sh", "v1beta1", "podgroups"),
-    ):
-        settings.watching.label_selectors[resource] = naming.JOB_NAME_LABEL
 
-    client = ApiClient(credentials_from(_login(settings)), max_in_flight=_setting("PHALANX_MAX_IN_FLIGHT", 16))
+    info = login(settings=settings)
+    client = ApiClient(
+        credentials_from(info),
+        max_in_flight=_setting("PHALANX_MAX_IN_FLIGHT", 16),
+        timeout=float(_setting("PHALANX_REQUEST_TIMEOUT_SECONDS", 30)),
+    )
     runtime: Runtime | None = None
 
     async def handle(key: tuple[str, str]) -> float | None:
         assert runtime is not None
         return await trainingjob.reconcile(runtime, key)
 
-    runtime = Runtime(client=client, queue=WorkQueue(handle, workers=_setting("PHALANX_RECONCILE_WORKERS", 8)))
+    runtime = Runtime.start(
+        client,
+        WorkQueue(handle, workers=_setting("PHALANX_RECONCILE_WORKERS", 8)),
+        namespaces=watched_namespaces(),
+        watch_nodes=os.environ.get("PHALANX_WATCH_NODES", "1") != "0",
+        watch_seconds=_setting("PHALANX_WATCH_SECONDS", 300),
+    )
     runtime.queue.start()
     interval = _setting("PHALANX_PROGRESS_INTERVAL_SECONDS", 15)
     if interval > 0:
-        runtime.progress = ProgressPoller(
-            runtime.jobs, runtime.children, runtime.queue.enqueue, port=WORKER_METRICS_PORT, interval=interval
-        )
-        memo.progress_task = asyncio.create_task(runtime.progress.run(), name="phalanx-progress")
+        runtime.progress = ProgressPoller(runtime.jobs, runtime.children, runtime.queue.enqueue, interval=interval)
+    tasks = [supervised(f"watch of {informer}", informer.run) for informer in runtime.informers]
+    if runtime.progress is not None:
+        tasks.append(supervised("progress poller", runtime.progress.run))
+    memo.tasks = tasks
     memo.runtime = runtime
     metrics_port = _setting("PHALANX_METRICS_PORT", 8000)
     if metrics_port:
@@ -87,11 +106,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup(id="phalanx-cleanup")
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the workers and close connections."""
-    task: asyncio.Task[None] | None = getattr(memo, "progress_task", None)
-    if task is not None:
+    """Stop the informers and workers, and close connections."""
+    tasks: list[asyncio.Task[None]] = getattr(memo, "tasks", [])
+    for task in tasks:
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    await asyncio.gather(*tasks, return_exceptions=True)
     runtime: Runtime | None = getattr(memo, "runtime", None)
     if runtime is not None:
         await runtime.queue.stop()
@@ -100,8 +119,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.probe(id="reconcile-queue")
 def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
-    """Liveness detail: requests sent and pods tracked."""
+    """Liveness detail: requests sent, pods tracked, whether every watch is synced."""
     runtime: Runtime | None = getattr(memo, "runtime", None)
     if runtime is None:
         return {"ready": False}
-    return {"requests": runtime.client.requests, "pods": runtime.children.pod_count()}
+    return {"requests": runtime.client.requests, "pods": runtime.children.pod_count(), "synced": runtime.synced()}

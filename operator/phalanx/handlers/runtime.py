@@ -1,18 +1,40 @@
-"""The operator's shared state, created at start-up and reached from handlers through kopf's memo."""
+"""The operator's shared state, created at start-up and reached from handlers through kopf's memo.
+
+It wires the informers to the caches and the caches to the work queue: a change to a job, to
+one of its children or to a node its pods run on asks for a pass over that job. Passes wait for
+every informer to be synced (a complete list in hand); the moment the last one is, every job
+gets a pass.
+"""
 
 from __future__ import annotations
 
 import base64
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import kopf
 
+from phalanx import metrics
+from phalanx.api import v1alpha1 as api
+from phalanx.cluster.apply import Execution, RefusalMemory
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, NodeCache
 from phalanx.cluster.client import ApiClient, Credentials
+from phalanx.cluster.informer import Informer, Resource
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
+from phalanx.reconcile import naming
+from phalanx.reconcile.observed import Observed
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+WATCH_NAMESPACES = "PHALANX_WATCH_NAMESPACES"
+
+TRAINING_JOBS = Resource(api.API_VERSION, api.PLURAL, api.KIND)
+PODS = Resource("v1", "pods", "Pod")
+SERVICES = Resource("v1", "services", "Service")
+COSCHEDULING_POD_GROUPS = Resource("scheduling.x-k8s.io/v1alpha1", "podgroups", "PodGroup")
+VOLCANO_POD_GROUPS = Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup")
+NODES = Resource("v1", "nodes", "Node", namespaced=False)
 
 
 def _decoded(data: str | bytes | None) -> bytes | None:
@@ -42,13 +64,133 @@ def credentials_from(info: kopf.ConnectionInfo) -> Credentials:
     )
 
 
+def watched_namespaces() -> tuple[str, ...] | None:
+    """The namespaces `phalanx run` was given (None: all), as the CLI hands them over."""
+    value = os.environ.get(WATCH_NAMESPACES, "")
+    names = tuple(name for name in value.split(",") if name)
+    return names or None
+
+
 @dataclass
 class Runtime:
-    """Client, caches and the work queue of one operator process."""
+    """Client, caches, informers and the work queue of one operator process."""
 
     client: ApiClient
     queue: WorkQueue[JobKey]
     jobs: JobCache = field(default_factory=JobCache)
     children: ChildCache = field(default_factory=ChildCache)
     nodes: NodeCache = field(default_factory=NodeCache)
+    refusals: RefusalMemory = field(default_factory=RefusalMemory)
     progress: ProgressPoller | None = None  # None when PHALANX_PROGRESS_INTERVAL_SECONDS is 0
+    informers: list[Informer] = field(default_factory=list)
+
+    @classmethod
+    def start(
+        cls,
+        client: ApiClient,
+        queue: WorkQueue[JobKey],
+        *,
+        namespaces: Sequence[str] | None,
+        watch_nodes: bool,
+        watch_seconds: int = 300,
+    ) -> Runtime:
+        """Build the caches and the informers that feed them (not yet running)."""
+        runtime = cls(client=client, queue=queue)
+        runtime.jobs = JobCache(on_change=runtime._job_changed)
+        runtime.children = ChildCache(on_change=runtime._child_changed, on_pod_gone=runtime._pod_gone)
+        runtime.nodes = NodeCache(on_change=runtime._node_changed)
+        owned = naming.JOB_NAME_LABEL  # only our children cross the wire
+        scopes: Sequence[str | None] = tuple(namespaces) if namespaces else (None,)
+        for scope in scopes:
+            for resource, sink, selector, optional in (
+                (TRAINING_JOBS, runtime.jobs, None, False),
+                (PODS, runtime.children, owned, False),
+                (SERVICES, runtime.children, owned, False),
+                (COSCHEDULING_POD_GROUPS, runtime.children, owned, True),
+                (VOLCANO_POD_GROUPS, runtime.children, owned, True),
+            ):
+                runtime.informers.append(
+                    Informer(
+                        client,
+                        resource,
+                        sink,
+                        namespace=scope,
+                        label_selector=selector,
+                        watch_seconds=watch_seconds,
+                        on_change=runtime._informer_changed,
+                        optional=optional,
+                    )
+                )
+        if watch_nodes:
+            runtime.informers.append(
+                Informer(
+                    client,
+                    NODES,
+                    runtime.nodes,
+                    watch_seconds=watch_seconds,
+                    on_change=runtime._informer_changed,
+                    optional=True,
+                )
+            )
+        return runtime
+
+    # -- what wakes a job ------------------------------------------------------------------------
+
+    def _job_changed(self, key: JobKey, gone: bool) -> None:
+        if not gone:
+            self.queue.enqueue(key)
+            return
+        self.queue.forget(key)
+        self.refusals.forget_job(key)
+        if self.progress is not None:
+            self.progress.forget(key)
+        metrics.forget_job(key)
+
+    def _child_changed(self, key: JobKey) -> None:
+        if self.jobs.get(key) is not None:
+            self.queue.enqueue(key)
+
+    def _pod_gone(self, namespace: str) -> None:
+        """A pod went away: quota it held may let a refused creation through now."""
+        for key in self.refusals.quota_freed(namespace):
+            self.queue.enqueue(key)
+
+    def _node_changed(self, name: str) -> None:
+        for key in self.children.jobs_on_node(name):
+            self.queue.enqueue(key)
+
+    def _informer_changed(self, informer: Informer) -> None:
+        metrics.observe_informer(str(informer.resource), informer.namespace, informer.relists, informer.synced.is_set())
+        if informer.synced.is_set() and self.synced():
+            for key in self.jobs.keys():  # noqa: SIM118 - JobCache, not a dict
+                self.queue.enqueue(key)
+
+    # -- what a pass reads -----------------------------------------------------------------------
+
+    def synced(self) -> bool:
+        """Every cache a pass reads has a complete list in hand."""
+        return all(informer.synced.is_set() for informer in self.informers)
+
+    def missing_apis(self, namespace: str) -> dict[str, str]:
+        """PodGroup APIs the operator cannot use in a namespace, with the reason."""
+        return {
+            informer.resource.api_version: informer.absent_reason
+            for informer in self.informers
+            if informer.absent and informer.resource.kind == "PodGroup" and informer.namespace in (None, namespace)
+        }
+
+    def observe(self, job: api.TrainingJob) -> Observed:
+        key = (job.metadata.namespace, job.metadata.name)
+        return self.children.observed(
+            job.metadata.namespace,
+            job.metadata.name,
+            job.metadata.uid,
+            self.nodes.unready(),
+            progress=self.progress.get(key) if self.progress is not None else None,
+            completion=self.progress.completion(key) if self.progress is not None else None,
+            refusals=self.refusals.of(job.metadata.uid),
+            missing_apis=self.missing_apis(job.metadata.namespace),
+        )
+
+    def execution(self) -> Execution:
+        return Execution(client=self.client, jobs=self.jobs, children=self.children, refusals=self.refusals)

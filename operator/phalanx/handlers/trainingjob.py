@@ -1,10 +1,8 @@
-"""TrainingJob handlers: watch events name the job, one reconcile pass does the work.
+"""One reconcile pass over one TrainingJob: parse -> observe -> plan -> apply -> status.
 
-The pass is the whole operator in five lines: parse -> observe -> plan -> apply -> status.
-We use ``kopf.on.event`` rather than create/update handlers: event handlers keep no
-progress or diff-base annotations, so kopf never writes to the user's object, and no
-finalizer blocks deletion when the operator is down (children go with their owner
-references).
+Passes are run by the work queue when an informer reports a change to the job, to one of its
+children or to a node its pods are on; the operator writes nothing to the user's object but
+its status, and adds no finalizer (children go with their owner references).
 """
 
 from __future__ import annotations
@@ -12,15 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
-from typing import Any
 
-import kopf
 import pydantic
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
-from phalanx.cluster.apply import AdmissionRefusedError, execute
+from phalanx.cluster.apply import AdmissionRefusedError, StaleStatusError, execute
 from phalanx.cluster.cache import JobKey
+from phalanx.cluster.client import ApiError
 from phalanx.handlers.runtime import Runtime
 from phalanx.reconcile import plan as planner
 
@@ -33,39 +30,43 @@ def _validation_message(error: pydantic.ValidationError) -> str:
     return f"{where}: {first['msg']}"
 
 
+async def _refresh(runtime: Runtime, key: JobKey) -> None:
+    """Read the job again after a status write found it changed."""
+    try:
+        body = await runtime.client.get(api.API_VERSION, api.KIND, key[0], key[1], plural=api.PLURAL)
+    except ApiError as error:
+        if error.status == 404:
+            return
+        raise
+    runtime.jobs.update(body)
+
+
 async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
     """One pass over one TrainingJob; returns seconds until it wants another pass."""
+    if not runtime.synced():
+        return None  # every job gets a pass the moment the last informer is synced
     body = runtime.jobs.get(key)
     if body is None:
         return None
     started = time.perf_counter()
     now = datetime.now(UTC)
     result = "success"
+    run = runtime.execution()
     try:
         try:
             job = api.TrainingJob.from_body(body)
         except pydantic.ValidationError as error:
             message = _validation_message(error)
-            status = planner.invalid_status(body.get("status"), body["metadata"].get("generation", 0), message, now)
-            if planner.status_changed(body.get("status"), status):
-                updated = await runtime.client.patch_status(api.API_VERSION, api.PLURAL, key[0], key[1], status)
-                runtime.jobs.update(updated)
+            logger.warning("cannot parse %s/%s: %s; leaving it and its pods alone", key[0], key[1], message)
+            await execute(planner.unparsable(body, message, now), run, job=body, now=now)
             return None
-        progress = runtime.progress.get(key) if runtime.progress is not None else None
-        observed = runtime.children.observed(key, runtime.nodes.unready(), progress)
+        observed = runtime.observe(job)
         plan = planner.plan(job, observed, now)
         try:
-            await execute(plan, client=runtime.client, job=body, jobs=runtime.jobs, children=runtime.children, now=now)
+            await execute(plan, run, job=body, now=now)
         except AdmissionRefusedError as refused:
             failed = planner.fail(job, observed, now, "PodRefused", str(refused))
-            await execute(
-                failed,
-                client=runtime.client,
-                job=runtime.jobs.get(key) or body,
-                jobs=runtime.jobs,
-                children=runtime.children,
-                now=now,
-            )
+            await execute(failed, run, job=runtime.jobs.get(key) or body, now=now)
             return None
         if plan.changes_children:
             result = "requeue"
@@ -86,7 +87,14 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
                 now=now,
             ),
         )
+        if runtime.refusals.of(job.metadata.uid) != dict(observed.refusals):
+            return 0.05  # refused just now: the next pass paces the retry and says why in status
         return plan.requeue_after
+    except StaleStatusError as stale:
+        result = "requeue"
+        logger.info("%s; planning again", stale)
+        await _refresh(runtime, key)
+        return 0.0
     except Exception:
         result = "error"
         metrics.RECONCILE_ERRORS.labels(controller="trainingjob").inc()
@@ -94,20 +102,3 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
     finally:
         metrics.RECONCILE_TOTAL.labels(controller="trainingjob", result=result).inc()
         metrics.RECONCILE_TIME.labels(controller="trainingjob").observe(time.perf_counter() - started)
-
-
-@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, id="trainingjob-events")
-async def trainingjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    """Remember the latest body and ask for a pass; forget jobs that are gone."""
-    runtime: Runtime = memo.runtime
-    body = event["object"]
-    if event["type"] == "DELETED":
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        runtime.jobs.forget(key)
-        runtime.children.forget(key)
-        runtime.queue.forget(key)
-        if runtime.progress is not None:
-            runtime.progress.forget(key)
-        metrics.forget_job(key)
-        return
-    runtime.queue.enqueue(runtime.jobs.update(body))

@@ -27,6 +27,7 @@ from phalanx.reconcile.environment import (
 )
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.quantity import QuantityError, format_quantity, parse_quantity
+from phalanx.worker.protocol import COMPLETION_KEY
 
 Object = dict[str, Any]
 
@@ -36,18 +37,51 @@ STORE_CONTAINER = "store"
 
 # The store is torch's own TCPStore in a process of its own: every worker dials it with
 # is_host=false, so no worker is special and losing any of them never loses the rendezvous.
+# It also serves, on the metrics port, whether a rank recorded that training completed
+# (phalanx.worker sets COMPLETION_KEY): the store outlives the workers, so the operator learns
+# of a completed training even when a rank dies in teardown and the agents wait on each other.
 STORE_SCRIPT = """\
-import os, signal, sys, time
+import json, os, signal, sys, threading, time
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from torch.distributed import TCPStore
 port = int(os.environ["PHALANX_RENDEZVOUS_PORT"])
+key = os.environ["PHALANX_COMPLETION_KEY"]
 store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
                  multi_tenant=True, timeout=timedelta(hours=1))
+lock = threading.Lock()
+class Status(BaseHTTPRequestHandler):
+    def do_GET(self):
+        lines = []
+        with lock:
+            if store.check([key]):
+                done = json.loads(store.get(key))
+                for field in ("attempt", "step", "rank"):
+                    if isinstance(done.get(field), int):
+                        lines.append(f"phalanx_training_completed_{field} {done[field]}")
+        body = ("\\n".join(lines) + "\\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = ThreadingHTTPServer(("", int(os.environ["PHALANX_STORE_METRICS_PORT"])), Status)
+threading.Thread(target=server.serve_forever, daemon=True).start()
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 print(f"phalanx rendezvous store listening on port {port}", flush=True)
 while True:
     time.sleep(3600)
 """
+# The store needs nothing privileged: it passes Pod Security "restricted" whenever the workers do.
+STORE_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# Identity settings of the trainer container that the store container inherits.
+INHERITED_SECURITY_FIELDS = ("runAsUser", "runAsGroup", "runAsNonRoot", "seLinuxOptions", "seccompProfile")
 
 
 def spec_hash(obj: Object) -> str:
@@ -115,6 +149,11 @@ def rendezvous_store_pod(job: api.TrainingJob, launch: Launch) -> Object:
     template = _template_spec(job)
     trainer = template["containers"][launch.trainer_index]
     port = job.spec.rendezvous.port
+    security = copy.deepcopy(STORE_SECURITY_CONTEXT)
+    trainer_security = trainer.get("securityContext") or {}
+    security.update(
+        {key: copy.deepcopy(trainer_security[key]) for key in INHERITED_SECURITY_FIELDS if key in trainer_security}
+    )
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "enableServiceLinks": False,
@@ -124,8 +163,16 @@ def rendezvous_store_pod(job: api.TrainingJob, launch: Launch) -> Object:
                 "name": STORE_CONTAINER,
                 "image": trainer["image"],
                 "command": ["python3", "-c", STORE_SCRIPT],
-                "env": [{"name": "PHALANX_RENDEZVOUS_PORT", "value": str(port)}],
-                "ports": [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}],
+                "env": [
+                    {"name": "PHALANX_RENDEZVOUS_PORT", "value": str(port)},
+                    {"name": "PHALANX_STORE_METRICS_PORT", "value": str(WORKER_METRICS_PORT)},
+                    {"name": "PHALANX_COMPLETION_KEY", "value": COMPLETION_KEY},
+                ],
+                "ports": [
+                    {"name": "rendezvous", "containerPort": port, "protocol": "TCP"},
+                    {"name": naming.METRICS_PORT_NAME, "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"},
+                ],
+                "securityContext": security,
                 "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 2},
                 "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
             }
@@ -186,9 +233,22 @@ def _trainer_container(
         container.pop("volumeMounts")
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     ports = container.setdefault("ports", [])
-    if not any(port.get("containerPort") == WORKER_METRICS_PORT for port in ports):
-        ports.append({"name": "phalanx-metrics", "containerPort": WORKER_METRICS_PORT, "protocol": "TCP"})
+    metrics_port = _metrics_port(container["env"], f"spec.template.spec.containers[{launch.trainer_index}].env")
+    if not any(port.get("containerPort") == metrics_port for port in ports):
+        ports.append({"name": naming.METRICS_PORT_NAME, "containerPort": metrics_port, "protocol": "TCP"})
     return container
+
+
+def _metrics_port(env: list[dict[str, Any]], where: str) -> int:
+    """The worker metrics port, which the container's own PHALANX_WORKER_METRICS_PORT may change."""
+    value = next((var.get("value") for var in env if var.get("name") == "PHALANX_WORKER_METRICS_PORT"), None)
+    try:
+        port = int(value) if value is not None else WORKER_METRICS_PORT
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise PlanningError(where, f"PHALANX_WORKER_METRICS_PORT {value!r} is not a port number")
+    return port
 
 
 def worker_pod(

@@ -27,6 +27,13 @@ FATAL_WAITING_REASONS = {
     "CreateContainerError": "InvalidPodConfiguration",
     "RunContainerError": "InvalidPodConfiguration",
 }
+# Terminated reasons of a container the runtime could not start (containerd: StartError with
+# exit code 128 and the runtime's error, such as an executable missing from $PATH; Docker:
+# ContainerCannotRun). The same spec fails the same way on every retry.
+FATAL_TERMINATED_REASONS = {
+    "StartError": "InvalidPodConfiguration",
+    "ContainerCannotRun": "InvalidPodConfiguration",
+}
 DISRUPTION_REASONS = {
     "PreemptionByScheduler": "Preempted",
     "PreemptionByKubeScheduler": "Preempted",
@@ -85,6 +92,16 @@ def classify(pod: PodRecord, *, node_ready: bool = True) -> Failure | None:
             counted=False,
             action="fail",
             message=f"worker {pod.name} cannot start ({pod.waiting_reason}){detail}"[:MAX_MESSAGE],
+        )
+    if pod.terminated_reason in FATAL_TERMINATED_REASONS and pod.phase == "Failed":
+        detail = f": {pod.termination_message.strip()}" if pod.termination_message else ""
+        return Failure(
+            FATAL_TERMINATED_REASONS[pod.terminated_reason],
+            counted=False,
+            action="fail",
+            message=f"worker {pod.name} cannot start ({pod.terminated_reason}, exit code {pod.exit_code}){detail}"[
+                :MAX_MESSAGE
+            ],
         )
     if pod.disruption_reason is not None:
         reason = DISRUPTION_REASONS.get(pod.disruption_reason, "Disrupted")

@@ -23,6 +23,7 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "phalanx"
 
 SPEC_HASH_ANNOTATION = f"{PREFIX}/spec-hash"
+METRICS_PORT_NAME = "phalanx-metrics"  # the container port the operator scrapes (workers and store)
 CONTAINER_ANNOTATION = f"{PREFIX}/trainer-container"
 
 ROLE_WORKER = "worker"

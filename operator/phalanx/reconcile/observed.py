@@ -40,6 +40,10 @@ class PodRecord:
     waiting_message: str | None = None
     disruption_reason: str | None = None
     unschedulable_message: str | None = None
+    metrics_port: int | None = None
+    uid: str = ""
+    namespace: str = ""
+    owner_name: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -60,6 +64,7 @@ class ObjectRecord:
     name: str
     spec_hash: str | None = None
     phase: str | None = None
+    uid: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,33 @@ class WorkerProgress:
 
 
 @dataclass(frozen=True)
+class Completion:
+    """A worker recorded in the rendezvous store that training completed (the store pod serves it).
+
+    The store outlives every worker process, so this survives a rank that completed and then
+    died in teardown while its peers' agents still wait for one another.
+    """
+
+    attempt: int
+    step: int | None = None
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The API server's answer to our last attempts to create one child, when it said no for a
+    reason that may pass (a quota, a name taken by an object we do not own, missing permission)."""
+
+    reason: str
+    message: str
+    first: datetime
+    last: datetime
+    attempts: int = 1
+    retry_now: bool = False
+    """Something changed that may let it pass (a pod of the namespace went away, freeing quota)."""
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything observed about one TrainingJob's children."""
 
@@ -82,6 +114,13 @@ class Observed:
     objects: Mapping[tuple[str, str], ObjectRecord] = field(default_factory=dict)
     unready_nodes: frozenset[str] = frozenset()
     progress: WorkerProgress | None = None
+    completion: Completion | None = None
+    foreign: frozenset[tuple[str, str]] = frozenset()
+    """(kind, name) of objects labelled with this job's name that another owner (or none) controls."""
+    refusals: Mapping[str, Refusal] = field(default_factory=dict)
+    """By child name: creations the API server refused for a reason that may pass."""
+    missing_apis: Mapping[str, str] = field(default_factory=dict)
+    """API (e.g. ``scheduling.x-k8s.io/v1alpha1 podgroups``) -> why the operator cannot use it."""
 
     def workers(self) -> list[PodRecord]:
         """Worker pods, any attempt."""
@@ -116,6 +155,21 @@ def _main_container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return statuses[0] if statuses else {}
 
 
+def _controller_name(metadata: Mapping[str, Any]) -> str | None:
+    for reference in metadata.get("ownerReferences") or []:
+        if reference.get("controller"):
+            return str(reference.get("name", "")) or None
+    return None
+
+
+def _metrics_port(pod: Mapping[str, Any]) -> int | None:
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == naming.METRICS_PORT_NAME:
+                return _int_or_none(port.get("containerPort"))
+    return None
+
+
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     """Project a Pod as the API returns it onto a PodRecord."""
     metadata = pod.get("metadata", {})
@@ -135,6 +189,9 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         name=metadata.get("name", ""),
         role=labels.get(naming.ROLE_LABEL, ""),
         index=_int_or_none(labels.get(naming.WORKER_INDEX_LABEL)),
+        uid=metadata.get("uid", ""),
+        namespace=metadata.get("namespace", ""),
+        owner_name=_controller_name(metadata),
         attempt=_int_or_none(labels.get(naming.ATTEMPT_LABEL)),
         spec_hash=annotations.get(naming.SPEC_HASH_ANNOTATION),
         group_total=_int_or_none(annotations.get(naming.KUEUE_TOTAL_COUNT_ANNOTATION)),
@@ -153,6 +210,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         waiting_message=waiting.get("message"),
         disruption_reason=(disruption or {}).get("reason") if (disruption or {}).get("status") == "True" else None,
         unschedulable_message=scheduled.get("message") if unschedulable and scheduled else None,
+        metrics_port=_metrics_port(pod),
     )
 
 
@@ -164,4 +222,5 @@ def object_record(obj: Mapping[str, Any]) -> ObjectRecord:
         name=metadata.get("name", ""),
         spec_hash=(metadata.get("annotations") or {}).get(naming.SPEC_HASH_ANNOTATION),
         phase=(obj.get("status") or {}).get("phase"),
+        uid=metadata.get("uid", ""),
     )

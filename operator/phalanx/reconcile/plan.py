@@ -9,6 +9,17 @@ plan yields no change.
 Ordering that matters for crash safety: a gang restart is first recorded in status (a
 new attempt) and only then are the old pods deleted. A crash in between leaves pods of
 an old attempt, which the next pass deletes as stale without counting them again.
+
+Exactly-once counting: every failure recorded in ``restarts``/``restartsByReason`` adds the
+failed pod's UID to ``status.countedFailures`` in the same status write. A pod whose UID is
+there is never counted again, however often the operator restarts, a delete fails or a late
+watch event shows it once more; a UID leaves the record only when the pod is gone from a
+synced view, and UIDs are never reused.
+
+Creations the API server refused for a reason that may pass (a quota, a name held by an
+object this job does not own, a gang scheduler API that is not installed) never fail the
+job: the pass leaves that child out, retries at a paced interval, and says why in the
+``Stalled`` condition and an Event.
 """
 
 from __future__ import annotations
@@ -22,13 +33,21 @@ from phalanx.reconcile import desired, naming
 from phalanx.reconcile.environment import Launch, resolve_launch
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.failures import Failure, classify
-from phalanx.reconcile.observed import Observed, PodRecord
+from phalanx.reconcile.observed import Observed, PodRecord, Refusal
 from phalanx.reconcile.status import PhaseView, conditions, format_time, parse_time
 
 Object = dict[str, Any]
 TERMINAL = ("Succeeded", "Failed")
 TRAINING = ("Running", "Rescaling")
 SUCCESS_GRACE_SECONDS = 60
+REFUSAL_RETRY_SECONDS = (2.0, 5.0, 10.0, 30.0, 60.0)
+"""Pause before creating a refused child again, by how many times in a row it was refused."""
+
+
+def refusal_retry_at(refusal: Refusal) -> datetime:
+    """When a refused creation is tried again."""
+    pause = REFUSAL_RETRY_SECONDS[min(refusal.attempts, len(REFUSAL_RETRY_SECONDS)) - 1]
+    return refusal.last + timedelta(seconds=pause)
 
 
 @dataclass(frozen=True)
@@ -74,6 +93,7 @@ class _Memory:
     attempt: int
     restarts: int
     by_reason: dict[str, int]
+    counted: set[str]
     start_time: str | None
     completion_time: str | None
     restart_not_before: str | None
@@ -84,6 +104,7 @@ class _Memory:
             attempt=status.attempt,
             restarts=status.restarts,
             by_reason=dict(status.restarts_by_reason or {}),
+            counted=set(status.counted_failures or ()),
             start_time=status.start_time,
             completion_time=status.completion_time,
             restart_not_before=status.restart_not_before,
@@ -119,6 +140,7 @@ class _Pass:
         self.delete_job = False
         self.rescaled: Literal["up", "down"] | None = None
         self.stalled: tuple[str, str] | None = None
+        self.blocked: list[tuple[str, str]] = []  # (reason, message) of children we could not create
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -143,13 +165,43 @@ class _Pass:
         if obj is None:
             return
         record = self.observed.objects.get((obj["kind"], obj["metadata"]["name"]))
-        if record is None or record.spec_hash != obj["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]:
+        if record is not None and record.spec_hash == obj["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]:
+            return
+        if record is not None or self.may_create(obj):
             self.apply.append(obj)
 
-    def count(self, failure: Failure) -> None:
+    def may_create(self, obj: Object) -> bool:
+        """Whether to create a child now: not while its name is held by an object we do not own,
+        nor before the pause after a refusal has passed (the reason goes to status)."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        if (kind, name) in self.observed.foreign:
+            self.blocked.append(
+                (
+                    "NameConflict",
+                    f"{kind} {name} exists but is not controlled by this TrainingJob (uid "
+                    f"{self.job.metadata.uid}); it is left alone and the job waits until it is gone",
+                )
+            )
+            return False
+        refusal = self.observed.refusals.get(name)
+        if refusal is None:
+            return True
+        retry_at = refusal_retry_at(refusal)
+        if retry_at > self.now and not refusal.retry_now:
+            self.requeue.append((retry_at - self.now).total_seconds())
+            self.blocked.append((refusal.reason, f"creating {kind} {name}: {refusal.message}"))
+            return False
+        return True
+
+    def count(self, failure: Failure, *pods: PodRecord) -> None:
+        """Record one failure (once: the pods' UIDs go into status in the same write)."""
         self.memory.by_reason[failure.reason] = self.memory.by_reason.get(failure.reason, 0) + 1
         if failure.counted:
             self.memory.restarts += 1
+        self.memory.counted.update(pod.uid for pod in pods if pod.uid)
+
+    def already_counted(self, pod: PodRecord) -> bool:
+        return bool(pod.uid) and pod.uid in self.memory.counted
 
     def budget_exhausted(self) -> bool:
         return self.memory.restarts > self.spec.failure_policy.max_restarts
@@ -237,8 +289,9 @@ class _Pass:
         for pod in stale:
             self.remove(pod)
 
-        if any(pod.phase == "Succeeded" for pod in current):
-            return self.finish("Succeeded", "Succeeded", "training completed")
+        completed = self.completed(current)
+        if completed is not None:
+            return self.finish("Succeeded", "Succeeded", completed)
 
         started = parse_time(self.memory.start_time)
         deadline = spec.active_deadline_seconds
@@ -254,10 +307,18 @@ class _Pass:
         if view is not None:
             return view
 
+        if group is not None and group["apiVersion"] in self.observed.missing_apis:
+            why = self.observed.missing_apis[group["apiVersion"]]
+            message = (
+                f"gang.scheduler is {spec.gang.scheduler}, but PodGroups ({group['apiVersion']}) are {why}: "
+                f"install {spec.gang.scheduler} or set gang.scheduler to none; the job starts once the API is there"
+            )
+            self.stalled = ("GangSchedulerUnavailable", message)
+            return PhaseView("Pending", "GangSchedulerUnavailable", message)
         self.ensure(group)
         self.ensure(service)
         store_pod = self.observed.store()
-        if store_pod is None:
+        if store_pod is None and self.may_create(store):
             self.apply.append(store)
 
         not_before = parse_time(self.memory.restart_not_before)
@@ -272,6 +333,22 @@ class _Pass:
         self.scale(launch, current)
         return self.running_phase(current, store_pod)
 
+    def completed(self, current: list[PodRecord]) -> str | None:
+        """Why training is known to have completed, or None.
+
+        A worker of the current attempt that exited 0 says so, and so does the record a rank
+        leaves in the rendezvous store when it finished every step: that one also holds when the
+        rank then died in teardown and the agents are left waiting for a world that cannot form.
+        """
+        if any(pod.phase == "Succeeded" for pod in current):
+            return "training completed"
+        done = self.observed.completion
+        if done is None:
+            return None
+        where = f"rank {done.rank} recorded completion" if done.rank is not None else "completion was recorded"
+        at = f" at step {done.step}" if done.step is not None else ""
+        return f"training completed: {where}{at} (attempt {done.attempt}) in the rendezvous store"
+
     def handle_failures(self, current: list[PodRecord]) -> PhaseView | None:
         failures = [
             (pod, failure)
@@ -281,8 +358,18 @@ class _Pass:
         fatal = [failure for _, failure in failures if failure.action == "fail"]
         if fatal:
             return self.finish("Failed", fatal[0].reason, fatal[0].message)
+        # Failures recorded by an earlier pass (the pod outlived its deletion, or the operator
+        # stopped in between): remove the pod again, never count it again.
+        for pod, _ in failures:
+            if self.already_counted(pod):
+                self.remove(pod)
+        failures = [(pod, failure) for pod, failure in failures if not self.already_counted(pod)]
         store = self.observed.store()
-        store_lost = bool(current) and (store is None or store.finished or store.deleting or not self.node_ready(store))
+        store_gone = store is None or store.finished or store.deleting or not self.node_ready(store)
+        if store is not None and store_gone and self.already_counted(store):
+            self.remove(store)  # its loss already restarted the gang; a new store follows
+            store_gone = False
+        store_lost = bool(current) and store_gone
         # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing.
         deleted = [
             pod
@@ -292,13 +379,13 @@ class _Pass:
         if not failures and not store_lost and not deleted:
             return None
         failed = {pod.name for pod, _ in failures}
-        survivors = [pod for pod in current if pod.active and pod.name not in failed]
+        survivors = [pod for pod in current if pod.active and pod.name not in failed and not self.already_counted(pod)]
         if store_lost or len(survivors) < self.spec.workers.min:
             return self.gang_restart(current, failures, store_lost=store_lost)
         if not failures:
             return None  # enough survivors: the deleted workers' slots are refilled once they are gone
         for pod, failure in failures:
-            self.count(failure)
+            self.count(failure, pod)
             self.remove(pod)
             self.events.append(
                 Event(
@@ -319,6 +406,7 @@ class _Pass:
     def gang_restart(
         self, current: list[PodRecord], failures: list[tuple[PodRecord, Failure]], *, store_lost: bool
     ) -> PhaseView:
+        store = self.observed.store()
         if failures:
             counted = [failure for _, failure in failures if failure.counted]
             failure = counted[0] if counted else failures[0][1]
@@ -333,7 +421,8 @@ class _Pass:
                 action="replace",
                 message="worker pods were deleted from outside the operator",
             )
-        self.count(failure)
+        lost = [pod for pod, _ in failures] + ([store] if store_lost and store is not None else [])
+        self.count(failure, *lost)
         if self.budget_exhausted():
             return self.finish(
                 "Failed",
@@ -346,7 +435,6 @@ class _Pass:
         self.memory.restart_not_before = format_time(self.now + timedelta(seconds=wait)) if wait else None
         for pod in current:
             self.remove(pod)
-        store = self.observed.store()
         if store_lost and store is not None:
             self.remove(store)
         message = (
@@ -369,15 +457,14 @@ class _Pass:
             totals = {pod.group_total for pod in current if pod.group_total is not None}
             kueue_total = totals.pop() if len(totals) == 1 else wanted
         taken = {pod.name for pod in self.observed.workers()}
-        created = 0
         for index in range(wanted):
-            if naming.worker_pod_name(self.job.metadata.name, index) not in taken:
-                self.apply.append(
-                    desired.worker_pod(
-                        self.job, launch, index=index, attempt=self.memory.attempt, kueue_total=kueue_total
-                    )
-                )
-                created += 1
+            if naming.worker_pod_name(self.job.metadata.name, index) in taken:
+                continue
+            worker = desired.worker_pod(
+                self.job, launch, index=index, attempt=self.memory.attempt, kueue_total=kueue_total
+            )
+            if self.may_create(worker):
+                self.apply.append(worker)
         surplus = sorted(
             (pod for pod in current if pod.active and pod.index is not None and pod.index >= wanted),
             key=lambda pod: -(pod.index or 0),
@@ -390,6 +477,24 @@ class _Pass:
             self.events.append(Event("Normal", "Rescaling", f"desired workers changed from {before} to {wanted}"))
 
     def running_phase(self, current: list[PodRecord], store: PodRecord | None) -> PhaseView:
+        view = self.progress_phase(current, store)
+        if not self.blocked:
+            return view
+        # Children we could not create: say why, and whether the job can train at all.
+        reason, first = self.blocked[0]
+        message = first if len(self.blocked) == 1 else f"{first} (and {len(self.blocked) - 1} more)"
+        active = sum(1 for pod in current if pod.active)
+        if view.phase not in TRAINING and active < self.spec.workers.min:
+            message += (
+                f"; the job holds {active} of the {self.spec.workers.min} worker(s) it needs (workers.min) "
+                "and cannot train until the rest can be created"
+            )
+        else:
+            message = f"{view.message}; {message}"
+        self.stalled = (reason, message)
+        return PhaseView(view.phase, reason, message)
+
+    def progress_phase(self, current: list[PodRecord], store: PodRecord | None) -> PhaseView:
         minimum, wanted = self.spec.workers.min, self.spec.workers.desired
         active = [pod for pod in current if pod.active]
         ready = [pod for pod in active if pod.ready]
@@ -451,6 +556,11 @@ class _Pass:
         still_active = [pod for pod in active if pod.name not in deleted]
         ready = sum(1 for pod in still_active if pod.ready)
         wanted = self.spec.workers.desired
+        stalled_before = next((c for c in previous.conditions or [] if c.type == "Stalled"), None)
+        if self.stalled is not None and (
+            stalled_before is None or stalled_before.status != "True" or stalled_before.reason != self.stalled[0]
+        ):
+            self.events.append(Event("Warning", *self.stalled))
         if view.phase != previous.phase and not self.events:
             kind: Literal["Normal", "Warning"] = "Warning" if view.phase in ("Failed", "Restarting") else "Normal"
             self.events.append(Event(kind, view.reason, f"{previous.phase or 'New'} -> {view.phase}: {view.message}"))
@@ -462,6 +572,8 @@ class _Pass:
             "attempt": memory.attempt,
             "restarts": memory.restarts,
             "restartsByReason": dict(sorted(memory.by_reason.items())),
+            # pruned to pods that still exist: a UID never comes back once its pod is gone
+            "countedFailures": sorted(memory.counted & {pod.uid for pod in self.observed.pods}) or None,
             "workers": {
                 "desired": wanted,
                 "active": len(still_active),
@@ -521,15 +633,30 @@ def fail(job: api.TrainingJob, observed: Observed, now: datetime, reason: str, m
     return one.render(one.finish("Failed", reason, message))
 
 
-def invalid_status(body_status: dict[str, Any] | None, generation: int, message: str, now: datetime) -> dict[str, Any]:
-    """Status for a TrainingJob that cannot even be parsed (a schema older than the operator)."""
-    previous = api.TrainingJobStatus.model_validate(body_status or {})
-    view = PhaseView("Failed", "InvalidSpec", message)
-    return {
+def unparsable(body: dict[str, Any], message: str, now: datetime) -> Plan:
+    """The plan for a TrainingJob the operator cannot parse (a field from a newer CRD, say).
+
+    Nothing is created or deleted and the job never ends here: it keeps its phase and counters,
+    and is only marked ``Stalled`` with the reason, so an operator that can parse it carries on
+    with the same pods.
+    """
+    metadata = body.get("metadata") or {}
+    generation = int(metadata.get("generation") or 0)
+    raw = body.get("status") or {}
+    try:
+        previous = api.TrainingJobStatus.model_validate(raw)
+    except ValueError:  # a status written by a newer operator, too
+        previous = api.TrainingJobStatus()
+    phase: api.Phase = previous.phase or "Pending"
+    view = PhaseView(phase, previous.reason or "InvalidSpec", previous.message or message)
+    stalled = ("InvalidSpec", message)
+    before = next((c for c in previous.conditions or [] if c.type == "Stalled"), None)
+    events: tuple[Event, ...] = ()
+    if before is None or before.status != "True" or before.reason != "InvalidSpec" or before.message != message:
+        events = (Event("Warning", "InvalidSpec", f"{message}; the job and its pods are left as they are"),)
+    status = {
         "observedGeneration": generation,
-        "phase": "Failed",
-        "reason": "InvalidSpec",
-        "message": message,
-        "completionTime": previous.completion_time or format_time(now),
-        "conditions": conditions(previous.conditions, view, generation=generation, now=now),
+        "phase": phase,
+        "conditions": conditions(previous.conditions, view, generation=generation, now=now, stalled_override=stalled),
     }
+    return Plan(status=status, events=events)

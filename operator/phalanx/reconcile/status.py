@@ -87,7 +87,9 @@ def conditions(
     before = {condition.type: condition for condition in previous or []}
     truths = _truths(view)
     if stalled_override is not None:
+        # Not converging while stalled: kstatus reads Reconciling first and would hide the reason.
         truths["Stalled"] = (True, *stalled_override)
+        truths["Reconciling"] = (False, stalled_override[0], "")
     result = []
     for kind in CONDITION_TYPES:
         value, reason, message = truths[kind]

@@ -76,6 +76,7 @@ class WorkerMetrics:
         if nvml is not None:
             self.registry.register(GpuCollector(nvml))
         self._last: float | None = None
+        self._server: Any = None
 
     def step_done(self, samples: int) -> None:
         now = time.monotonic()
@@ -92,7 +93,14 @@ class WorkerMetrics:
         self.last_checkpoint_time.set_to_current_time()
 
     def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+        self._server, _ = start_http_server(port, registry=self.registry)
+
+    def close(self) -> None:
+        """Stop serving: no thread of ours may wake up while the interpreter shuts down."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
 
 def from_environment() -> WorkerMetrics | None:

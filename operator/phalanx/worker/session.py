@@ -13,22 +13,36 @@ Every step the ranks agree through a one-element all-reduce whether anyone was a
 if so, all of them save a final checkpoint together. The signalled ranks then exit with 143
 (a deliberate non-zero, so a stopping worker is never mistaken for a finished job); the others
 carry on, and torchrun re-forms the world without the departed worker, resuming from that save.
+
+Leaving the session after the last step ends the process group in an order that cannot hang or
+abort: every rank meets at a barrier (no collective is still in flight anywhere), rank 0 records
+in the rendezvous store that training completed (the operator reads it from the store pod, so
+it knows even if a process dies later in teardown), the metrics server stops, the process group
+is destroyed and what referenced it is collected while the interpreter is still whole. A
+session left by an exception destroys nothing: a collective teardown with peers still inside a
+collective would hang.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import gc
+import json
 import os
 import signal
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Any
 
 from phalanx.worker import metrics
 from phalanx.worker.backend import choose_backend
 from phalanx.worker.checkpoint import CheckpointStore
+from phalanx.worker.protocol import COMPLETION_KEY
 
 STOPPED_BY_SIGNAL = 143
+STORE_TIMEOUT = timedelta(seconds=10)
 
 
 class Progress:
@@ -61,12 +75,16 @@ class TrainingSession:
         self.metrics: metrics.WorkerMetrics | None = None
         self._signalled = False
         self._previous_handler: Any = None
+        self.completed = False
+        """Every step up to the total ran (set by ``steps``)."""
 
     # -- process group -------------------------------------------------------------------------
 
     def __enter__(self) -> TrainingSession:
         import torch.distributed as dist
 
+        if not faulthandler.is_enabled():  # a native crash prints every thread's Python stack
+            faulthandler.enable(all_threads=True)
         if not dist.is_initialized():
             dist.init_process_group(backend=self.backend)
         self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -81,8 +99,36 @@ class TrainingSession:
         import torch.distributed as dist
 
         signal.signal(signal.SIGTERM, self._previous_handler or signal.SIG_DFL)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if kind is not None or not dist.is_initialized():
+            return
+        dist.barrier()  # no rank leaves while another is still inside a collective
+        if self.completed and self.rank == 0:
+            self.record_completion()
+        if self.metrics is not None:
+            self.metrics.close()
+        dist.destroy_process_group()
+        gc.collect()  # DDP and friends hold the group; free them while the interpreter is whole
+
+    def record_completion(self, environ: dict[str, str] | None = None) -> bool:
+        """Tell the rendezvous store that training completed; False if there is no store to tell."""
+        from torch._C._distributed_c10d import TCPStore
+
+        endpoint = (environ if environ is not None else os.environ).get("PET_RDZV_ENDPOINT", "")
+        host, _, port = endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            return False
+        record = {
+            "attempt": int(os.environ.get("PHALANX_ATTEMPT", "0") or 0),
+            "step": self.progress.step,
+            "rank": self.rank,
+        }
+        try:
+            store = TCPStore(host, int(port), is_master=False, timeout=STORE_TIMEOUT, wait_for_workers=False)
+            store.set(COMPLETION_KEY, json.dumps(record))
+        except (RuntimeError, OSError, ValueError) as error:  # the operator still sees the pods succeed
+            print(f"phalanx: could not record completion in the rendezvous store: {error}", flush=True)
+            return False
+        return True
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         self._signalled = True
@@ -160,3 +206,4 @@ class TrainingSession:
                 self.save(state)
         if self._last_saved != self.progress.step:  # every rank knows this alike: no filesystem race
             self.save(state)
+        self.completed = True

@@ -1,0 +1,231 @@
+"""List-then-watch of one resource in one scope, feeding a cache that always converges to the API.
+
+Why not kopf's watches: a reconcile pass must never plan from a cache that has not finished its
+first list (after an operator restart it would see a Running job without pods), and after a
+``410 Gone`` the relist must drop what was deleted during the gap (a watch never reports those
+deletions). kopf offers neither, so the operator lists and watches itself:
+
+- ``synced`` is set once a complete list has been handed to the sink, and cleared while a relist
+  is under way, so nothing plans from a half-replaced view;
+- every list *replaces* the sink's objects of this scope (objects missing from it are gone);
+- a watch resumes from the last resourceVersion it saw (bookmarks keep that fresh); ``410 Gone``
+  or an expired list continuation leads to a new list;
+- a resource the API server does not serve (404: a gang scheduler's CRD is not installed), or an
+  optional one the operator may not list (403), marks the informer ``absent`` and synced, and is
+  looked for again every ``ABSENT_RECHECK_SECONDS``;
+- errors back off (1 s up to 30 s) and are logged in one line, never as tracebacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+
+from phalanx.cluster.client import ApiClient, ApiError
+
+logger = logging.getLogger(__name__)
+
+ERROR_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
+ABSENT_RECHECK_SECONDS = 60.0
+LIST_PAGE = "500"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A listable, watchable kind."""
+
+    api_version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None) -> str:
+        prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        return f"{prefix}/namespaces/{namespace}/{self.plural}" if namespace else f"{prefix}/{self.plural}"
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.api_version}"
+
+
+class Sink(Protocol):
+    """What an informer feeds: a whole list for one scope, then single events."""
+
+    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str, /) -> None:
+        """``objects`` are all there are in ``namespace`` (None: everywhere) as of ``version``;
+        an empty ``version`` means the resource is not there at all."""
+
+    def observe(self, event_type: str, obj: Mapping[str, Any], /) -> object:
+        """One watch event."""
+
+
+class ExpiredError(Exception):
+    """The resourceVersion or continue token is too old: only a new list helps."""
+
+
+class Informer:
+    """Keeps ``sink`` equal to the API server's objects of ``resource`` in ``namespace`` (None: all)."""
+
+    def __init__(
+        self,
+        client: ApiClient,
+        resource: Resource,
+        sink: Sink,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        watch_seconds: int = 300,
+        on_change: Callable[[Informer], None] | None = None,
+        optional: bool = False,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.sink = sink
+        self.namespace = namespace if resource.namespaced else None
+        self.label_selector = label_selector
+        self.watch_seconds = watch_seconds
+        self.on_change = on_change
+        self.optional = optional
+        self.synced = asyncio.Event()
+        self.absent = False
+        self.absent_reason = ""
+        self.lists = 0
+        self.relists = 0
+        self.resource_version: str | None = None
+        self._errors = 0
+
+    def __str__(self) -> str:
+        scope = f" in {self.namespace}" if self.namespace else ""
+        return f"{self.resource}{scope}"
+
+    def _params(self) -> dict[str, str]:
+        return {"labelSelector": self.label_selector} if self.label_selector else {}
+
+    async def list_once(self) -> None:
+        """List every page, then hand the whole result to the sink at once."""
+        items: list[dict[str, Any]] = []
+        params = {**self._params(), "limit": LIST_PAGE}
+        version = ""
+        while True:
+            try:
+                page = await self.client.request("GET", self.resource.path(self.namespace), params=params)
+            except ApiError as error:
+                if error.status == 410:
+                    raise ExpiredError(error.message) from error
+                raise
+            for item in page.get("items", []):
+                item.setdefault("kind", self.resource.kind)
+                item.setdefault("apiVersion", self.resource.api_version)
+                items.append(item)
+            metadata = page.get("metadata", {})
+            version = metadata.get("resourceVersion", version)
+            token = metadata.get("continue")
+            if not token:
+                break
+            params["continue"] = token
+        self.sink.replace(self.resource.kind, self.namespace, items, version)
+        self.resource_version = version
+        if self.lists:
+            self.relists += 1
+        self.lists += 1
+        self.absent = False
+        self.synced.set()
+        self._changed()
+
+    async def watch_once(self) -> None:
+        """Follow one watch request from the last resourceVersion until the server ends it."""
+        params = {
+            **self._params(),
+            "watch": "1",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(self.watch_seconds),
+            "resourceVersion": self.resource_version or "",
+        }
+        try:
+            async for event in self.client.watch(
+                self.resource.path(self.namespace), params, silence_seconds=self.watch_seconds + 30
+            ):
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise ExpiredError(str(obj.get("message", "")))
+                    raise ApiError(int(obj.get("code") or 500), str(obj.get("reason", "")), str(obj.get("message")))
+                version = (obj.get("metadata") or {}).get("resourceVersion")
+                if kind != "BOOKMARK" and isinstance(kind, str):
+                    obj.setdefault("kind", self.resource.kind)
+                    self.sink.observe(kind, obj)
+                if version:
+                    self.resource_version = version
+                self._errors = 0
+        except ApiError as error:
+            if error.status == 410:
+                raise ExpiredError(error.message) from error
+            raise
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self)
+
+    async def _pause_after_error(self, what: str, error: BaseException) -> None:
+        delay = ERROR_DELAYS[min(self._errors, len(ERROR_DELAYS) - 1)]
+        self._errors += 1
+        logger.warning("%s of %s failed (%s); retrying in %.0fs", what, self, _describe(error), delay)
+        await asyncio.sleep(delay)
+
+    async def run(self) -> None:
+        """List and watch until cancelled."""
+        while True:
+            if self.resource_version is None:
+                try:
+                    await self.list_once()
+                except ApiError as error:
+                    if error.status == 404 or (error.status == 403 and self.optional):
+                        await self._mark_absent(error)
+                        continue
+                    await self._pause_after_error("list", error)
+                    continue
+                except ExpiredError as error:
+                    logger.info("list of %s expired (%s); listing again", self, error)
+                    continue
+                except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
+                    await self._pause_after_error("list", error)
+                    continue
+            try:
+                await self.watch_once()
+            except ExpiredError as error:
+                logger.info("watch of %s expired (%s); listing again", self, error)
+                self._start_relist()
+            except ApiError as error:
+                if error.status == 404:
+                    self._start_relist()
+                    continue
+                await self._pause_after_error("watch", error)
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
+                await self._pause_after_error("watch", error)
+
+    def _start_relist(self) -> None:
+        """Until the new list is in, the cache may hold objects that no longer exist."""
+        self.resource_version = None
+        self.synced.clear()
+        self._changed()
+
+    async def _mark_absent(self, error: ApiError) -> None:
+        """An optional resource we cannot list counts as synced and empty; look again later."""
+        reason = "not served by the API server" if error.status == 404 else f"not permitted: {error.message}"
+        if not self.absent or reason != self.absent_reason:
+            logger.warning("%s is %s; looking again every %.0fs", self, reason, ABSENT_RECHECK_SECONDS)
+        self.absent = True
+        self.absent_reason = reason
+        self.sink.replace(self.resource.kind, self.namespace, [], "")
+        self.synced.set()
+        self._changed()
+        await asyncio.sleep(ABSENT_RECHECK_SECONDS)
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text if len(text) < 300 else text[:300] + "..."

@@ -1,0 +1,5 @@
+"""What the in-pod helper and the operator agree on, with no dependencies on either side."""
+
+COMPLETION_KEY = "phalanx/training-completed"
+"""Rendezvous-store key a rank sets when training completed: JSON with attempt, step and rank.
+The store pod serves it to the operator as ``phalanx_training_completed_*``."""

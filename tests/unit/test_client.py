@@ -1,0 +1,109 @@
+"""The API client's retry policy, against a local HTTP server that misbehaves on purpose.
+
+(The operator's behaviour is tested against a real API server; this tier only checks what the
+client sends when a response is lost, throttled or slow.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from phalanx.cluster import client as client_module
+from phalanx.cluster.client import ApiClient, ApiError, Credentials
+
+
+class Server:
+    """Counts requests by path; answers as each test tells it to."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+        self.app = web.Application()
+        self.app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.behaviour: dict[str, str] = {}
+
+    async def handle(self, request: web.Request) -> web.Response:
+        path = request.path
+        self.seen[path] = self.seen.get(path, 0) + 1
+        what = self.behaviour.get(path, "ok")
+        if what == "hang":
+            await asyncio.sleep(2)
+        if what == "503":
+            return web.json_response({"reason": "ServiceUnavailable", "message": "busy"}, status=503)
+        if what == "429-once" and self.seen[path] == 1:
+            return web.json_response({"reason": "TooManyRequests", "message": "slow down"}, status=429)
+        return web.json_response({"ok": True})
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[Server, str]]:
+    backend = Server()
+    runner = web.AppRunner(backend.app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield backend, f"http://127.0.0.1:{port}"
+    await runner.cleanup()
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_module, "RETRY_DELAYS", (0.2, 0.2, 0.2))
+
+
+async def test_a_post_whose_response_was_lost_is_not_sent_again(server: tuple[Server, str]) -> None:
+    backend, url = server
+    backend.behaviour["/api/v1/namespaces/ml/events"] = "hang"
+    async with ApiClient(Credentials(server=url), timeout=0.3) as client:
+        with pytest.raises(TimeoutError):
+            await client.request("POST", "/api/v1/namespaces/ml/events", body={"reason": "x"})
+    assert backend.seen["/api/v1/namespaces/ml/events"] == 1
+
+
+async def test_reads_and_creates_with_fixed_names_are_sent_again_after_a_timeout(server: tuple[Server, str]) -> None:
+    backend, url = server
+    backend.behaviour["/slow"] = "hang"
+    async with ApiClient(Credentials(server=url), timeout=0.2) as client:
+        with pytest.raises(TimeoutError):
+            await client.request("GET", "/slow")
+        with pytest.raises(TimeoutError):
+            await client.request("POST", "/slow", body={}, idempotent=True)
+    assert backend.seen["/slow"] == 2 * 4  # the first try and three retries, each time
+
+
+async def test_throttling_is_retried_even_for_a_post(server: tuple[Server, str]) -> None:
+    backend, url = server
+    backend.behaviour["/api/v1/namespaces/ml/events"] = "429-once"
+    async with ApiClient(Credentials(server=url)) as client:
+        assert await client.request("POST", "/api/v1/namespaces/ml/events", body={}) == {"ok": True}
+    assert backend.seen["/api/v1/namespaces/ml/events"] == 2
+
+
+async def test_a_server_error_on_a_post_is_not_retried(server: tuple[Server, str]) -> None:
+    backend, url = server
+    backend.behaviour["/busy"] = "503"
+    async with ApiClient(Credentials(server=url)) as client:
+        with pytest.raises(ApiError) as raised:
+            await client.request("POST", "/busy", body={})
+    assert raised.value.status == 503 and backend.seen["/busy"] == 1
+
+
+async def test_no_slot_is_held_while_waiting_to_retry(
+    server: tuple[Server, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend, url = server
+    backend.behaviour["/busy"] = "503"
+    monkeypatch.setattr(client_module, "RETRY_DELAYS", (30.0,))
+    async with ApiClient(Credentials(server=url), max_in_flight=1) as client:
+        failing = asyncio.create_task(client.request("GET", "/busy"))
+        while backend.seen.get("/busy") != 1:
+            await asyncio.sleep(0.01)
+        # the only slot's owner now pauses 30 s before its retry; another request goes meanwhile
+        assert await asyncio.wait_for(client.request("GET", "/fast"), 10) == {"ok": True}
+        assert not failing.done()
+        failing.cancel()
+        await asyncio.gather(failing, return_exceptions=True)

@@ -1,0 +1,265 @@
+"""The planner under faults and cluster policy: exactly-once counting across interrupted passes,
+refusals that may pass (quota, name conflicts, a missing gang scheduler API), container start
+errors, completion recorded in the rendezvous store, specs the operator cannot parse, and the
+store pod under Pod Security "restricted"."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from phalanx.reconcile import desired, naming
+from phalanx.reconcile.environment import resolve_launch
+from phalanx.reconcile.observed import Completion, Refusal
+from phalanx.reconcile.plan import REFUSAL_RETRY_SECONDS, refusal_retry_at, unparsable
+from tests.unit.jobs import job, manifest
+from tests.unit.simulation import START, World
+
+QUOTA = 'pods "demo-worker-1" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=2, limited: pods=2'
+
+
+def running(world: World) -> World:
+    world.reconcile()
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running", world.status
+    return world
+
+
+def conditions(world: World) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in world.status["conditions"]}
+
+
+def uid_of(world: World, name: str) -> str:
+    return str(world.pods[name]["metadata"]["uid"])
+
+
+# -- exactly-once counting -----------------------------------------------------------------------
+
+
+def test_a_failure_is_counted_once_however_often_the_pass_is_cut_after_its_status_write() -> None:
+    world = running(World(job()))
+    victim = naming.worker_pod_name("demo", 1)
+    world.terminate(victim, 1, message="RuntimeError: boom")
+    for _ in range(5):  # SIGKILL right after each status write: the failed pod is never deleted
+        world.carry_out(world.plan(), stop_after_status=True)
+        assert world.status["restarts"] == 1
+        assert world.status["countedFailures"] == [uid_of(world, victim)]
+    world.settle()
+    world.run()
+    world.settle()
+    assert (world.status["restarts"], world.status["restartsByReason"]) == (1, {"WorkerFailed": 1})
+    assert "countedFailures" not in world.status  # the pod is gone: its UID is pruned
+    assert world.status["phase"] == "Running"
+
+
+def test_a_gang_restart_is_counted_once_when_the_pass_is_cut_after_its_status_write() -> None:
+    world = running(World(job(workers={"desired": 2})))
+    world.terminate(naming.worker_pod_name("demo", 0), 1)
+    world.carry_out(world.plan(), stop_after_status=True)
+    assert (world.status["attempt"], world.status["restarts"]) == (1, 1)
+    for _ in range(3):
+        world.carry_out(world.plan(), stop_after_status=True)
+    assert (world.status["attempt"], world.status["restarts"]) == (1, 1)
+    world.advance(60)
+    world.settle()
+    world.run()
+    world.settle()
+    assert (world.status["attempt"], world.status["restarts"], world.status["phase"]) == (1, 1, "Running")
+
+
+def test_a_lost_store_restarts_the_gang_once_even_if_its_pod_outlives_the_pass() -> None:
+    world = running(World(job()))
+    store = naming.rendezvous_name("demo")
+    world.terminate(store, 1)
+    world.carry_out(world.plan(), stop_after_status=True)
+    assert world.status["restartsByReason"] == {"RendezvousStoreLost": 1}
+    world.carry_out(world.plan())  # the old store is deleted now, without a second restart
+    assert world.status["restartsByReason"] == {"RendezvousStoreLost": 1}
+    world.settle()
+    world.run()
+    world.settle()
+    assert (world.status["attempt"], world.status["phase"]) == (1, "Running")
+    assert world.status["restartsByReason"] == {"RendezvousStoreLost": 1}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 2), st.booleans(), st.integers(0, 3)), min_size=1, max_size=8))
+def test_restarts_equal_the_counted_failures_whatever_the_interruptions(
+    failures: list[tuple[int, bool, int]],
+) -> None:
+    """Each failure hits one running worker; after it, 0..3 passes are cut after their status
+    write (a SIGKILL) before the operator runs to completion again."""
+    world = running(World(job(failurePolicy={"maxRestarts": 100, "backoffSeconds": 1, "maxBackoffSeconds": 1})))
+    for index, oom, cuts in failures:
+        victim = world.workers(world.status["attempt"])[index]["metadata"]["name"]
+        if oom:
+            world.terminate(victim, 137, reason="OOMKilled")
+        else:
+            world.terminate(victim, 1)
+        for _ in range(cuts):
+            world.carry_out(world.plan(), stop_after_status=True)
+        for _ in range(4):
+            world.advance(2)
+            world.settle()
+            world.run()
+        world.settle()
+        assert world.status["phase"] == "Running", world.status
+    assert world.status["restarts"] == len(failures)
+    by_reason = world.status["restartsByReason"]
+    assert by_reason.get("OOMKilled", 0) == sum(1 for _, oom, _ in failures if oom)
+    assert by_reason.get("WorkerFailed", 0) == sum(1 for _, oom, _ in failures if not oom)
+
+
+# -- container start errors ----------------------------------------------------------------------
+
+
+def test_a_container_that_cannot_start_fails_the_job_at_once_with_the_runtimes_message() -> None:
+    world = running(World(job()))
+    message = (
+        "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+        'exec: "python": executable file not found in $PATH'
+    )
+    world.terminate(naming.worker_pod_name("demo", 0), 128, reason="StartError", message=message)
+    world.reconcile()
+    assert (world.status["phase"], world.status["reason"]) == ("Failed", "InvalidPodConfiguration")
+    assert "StartError" in world.status["message"] and "executable file not found" in world.status["message"]
+    assert (world.status["restarts"], world.status.get("restartsByReason") or {}) == (0, {})
+
+
+# -- refusals that may pass ------------------------------------------------------------------------
+
+
+def refused(world: World, name: str, reason: str, message: str, attempts: int = 1) -> None:
+    world.refusals[name] = Refusal(reason, message, world.now, world.now, attempts)
+
+
+def test_a_quota_refusal_is_explained_and_retried_at_a_paced_interval_without_failing() -> None:
+    world = World(job(workers={"desired": 2}))
+    world.reconcile()
+    refused_name = naming.worker_pod_name("demo", 1)
+    world.pods.pop(refused_name)  # the API server refused to create it
+    refused(world, refused_name, "QuotaExceeded", QUOTA)
+    world.run()
+    plan = world.reconcile()
+    assert refused_name not in {obj["metadata"]["name"] for obj in plan.apply}  # paced, not hammered
+    assert plan.requeue_after is not None and 0 < plan.requeue_after <= REFUSAL_RETRY_SECONDS[0]
+    assert world.status["phase"] in ("Pending", "Starting")
+    assert world.status["reason"] == "QuotaExceeded"
+    assert "exceeded quota: pods" in world.status["message"]
+    assert "1 of the 2 worker(s) it needs (workers.min)" in world.status["message"]
+    got = conditions(world)
+    assert got["Stalled"] == ("True", "QuotaExceeded") and got["Reconciling"][0] == "False"
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "QuotaExceeded")]
+    again = world.reconcile()
+    assert not again.events  # told once, not every pass
+    world.advance(REFUSAL_RETRY_SECONDS[0])
+    retry = world.reconcile()
+    assert refused_name in {obj["metadata"]["name"] for obj in retry.apply}
+    world.refusals.clear()  # created this time
+    world.run()
+    world.settle()
+    assert world.status["phase"] == "Running" and conditions(world)["Stalled"][0] == "False"
+
+
+def test_refusal_pauses_grow_and_are_capped() -> None:
+    pauses = [
+        (refusal_retry_at(Refusal("QuotaExceeded", "", START, START, attempts)) - START).total_seconds()
+        for attempts in range(1, 9)
+    ]
+    assert pauses == sorted(pauses) and pauses[0] == REFUSAL_RETRY_SECONDS[0] and pauses[-1] == 60
+
+
+def test_a_freed_quota_is_retried_at_once() -> None:
+    world = World(job(workers={"desired": 2}))
+    world.reconcile()
+    name = naming.worker_pod_name("demo", 1)
+    world.pods.pop(name)
+    world.refusals[name] = Refusal("QuotaExceeded", QUOTA, world.now, world.now, 3, retry_now=True)
+    assert name in {obj["metadata"]["name"] for obj in world.plan().apply}
+
+
+def test_a_name_held_by_another_owner_is_never_taken_over() -> None:
+    world = World(job())
+    taken = naming.worker_pod_name("demo", 0)
+    world.foreign.add(("Pod", taken))
+    plan = world.reconcile()
+    assert taken not in {obj["metadata"]["name"] for obj in plan.apply}
+    assert taken not in {deletion.name for deletion in plan.delete}
+    assert world.status["reason"] == "NameConflict" and taken in world.status["message"]
+    assert conditions(world)["Stalled"] == ("True", "NameConflict")
+    world.foreign.clear()  # the garbage collector removed the old job's pod
+    assert taken in {obj["metadata"]["name"] for obj in world.reconcile().apply}
+
+
+def test_a_gang_scheduler_api_that_is_not_installed_stalls_the_job_without_creating_anything() -> None:
+    world = World(job(gpus={"count": 2}, gang={"scheduler": "scheduler-plugins"}))
+    world.missing_apis[desired.COSCHEDULING_API] = "not served by the API server"
+    plan = world.reconcile()
+    assert plan.apply == () and plan.requeue_after is None
+    assert (world.status["phase"], world.status["reason"]) == ("Pending", "GangSchedulerUnavailable")
+    assert "not served by the API server" in world.status["message"] and "scheduler-plugins" in world.status["message"]
+    assert conditions(world)["Stalled"] == ("True", "GangSchedulerUnavailable")
+    world.missing_apis.clear()
+    assert [obj["kind"] for obj in world.reconcile().apply][0] == "PodGroup"
+
+
+# -- completion recorded in the rendezvous store -------------------------------------------------
+
+
+def test_completion_recorded_in_the_store_ends_the_job_while_its_pods_still_run() -> None:
+    world = running(World(job()))
+    world.completion = Completion(attempt=0, step=200, rank=0)
+    plan = world.reconcile()
+    assert world.status["phase"] == "Succeeded", world.status
+    assert "rank 0 recorded completion at step 200" in world.status["message"]
+    assert plan.delete == () and plan.requeue_after is not None  # the other workers get their grace
+    world.advance(plan.requeue_after)
+    stopped = world.reconcile()
+    assert {d.name for d in stopped.delete} >= {naming.worker_pod_name("demo", i) for i in range(3)}
+
+
+# -- specs the operator cannot parse ------------------------------------------------------------
+
+
+def test_a_body_the_operator_cannot_parse_is_stalled_and_its_pods_are_left_alone() -> None:
+    world = running(World(job()))
+    body: dict[str, Any] = dict(world.body)
+    body["spec"] = {**body["spec"], "fromTheFuture": True}
+    plan = unparsable(body, "spec.fromTheFuture: Extra inputs are not permitted", world.now + timedelta(seconds=1))
+    assert plan.apply == () and plan.delete == () and not plan.delete_job
+    assert plan.status["phase"] == "Running"  # not Failed: a newer operator carries on
+    stalled = {c["type"]: c for c in plan.status["conditions"]}["Stalled"]
+    assert (stalled["status"], stalled["reason"]) == ("True", "InvalidSpec")
+    assert "fromTheFuture" in stalled["message"]
+    assert [e.reason for e in plan.events] == ["InvalidSpec"]
+
+
+# -- Pod Security "restricted" -------------------------------------------------------------------
+
+
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+}
+
+
+def test_the_store_pod_is_restricted_and_inherits_the_trainers_identity() -> None:
+    spec: dict[str, Any] = manifest()["spec"]
+    trainer = dict(spec["template"]["spec"]["containers"][0], securityContext=RESTRICTED_CONTAINER)
+    training = job(
+        template={"spec": {"containers": [trainer], "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}}
+    )
+    store = desired.rendezvous_store_pod(training, resolve_launch(training.spec))
+    security = store["spec"]["containers"][0]["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False and security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert (security["runAsNonRoot"], security["runAsUser"]) == (True, 1000)
+    assert store["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    ports = {port["name"]: port["containerPort"] for port in store["spec"]["containers"][0]["ports"]}
+    assert naming.METRICS_PORT_NAME in ports  # the operator reads completion from there
