@@ -24,10 +24,12 @@ class Server:
         self.app = web.Application()
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self.behaviour: dict[str, str] = {}
+        self.arrived = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.Response:
         path = request.path
         self.seen[path] = self.seen.get(path, 0) + 1
+        self.arrived.set()
         what = self.behaviour.get(path, "ok")
         if what == "hang":
             await asyncio.sleep(2)
@@ -100,8 +102,7 @@ async def test_no_slot_is_held_while_waiting_to_retry(
     monkeypatch.setattr(client_module, "RETRY_DELAYS", (30.0,))
     async with ApiClient(Credentials(server=url), max_in_flight=1) as client:
         failing = asyncio.create_task(client.request("GET", "/busy"))
-        while backend.seen.get("/busy") != 1:
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(backend.arrived.wait(), 10)
         # the only slot's owner now pauses 30 s before its retry; another request goes meanwhile
         assert await asyncio.wait_for(client.request("GET", "/fast"), 10) == {"ok": True}
         assert not failing.done()

@@ -204,7 +204,7 @@ def test_a_gang_scheduler_api_that_is_not_installed_stalls_the_job_without_creat
     assert "not served by the API server" in world.status["message"] and "scheduler-plugins" in world.status["message"]
     assert conditions(world)["Stalled"] == ("True", "GangSchedulerUnavailable")
     world.missing_apis.clear()
-    assert [obj["kind"] for obj in world.reconcile().apply][0] == "PodGroup"
+    assert next(obj["kind"] for obj in world.reconcile().apply) == "PodGroup"
 
 
 # -- completion recorded in the rendezvous store -------------------------------------------------

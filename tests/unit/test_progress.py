@@ -200,7 +200,8 @@ def test_one_pod_serving_garbage_costs_only_its_own_job_and_the_poller_goes_on()
                 "ownerReferences": [{"apiVersion": "phalanx.dev/v1alpha1", "kind": "TrainingJob", "name": "bad",
                                      "uid": "uid-bad", "controller": True}],
             },
-            "spec": {"containers": [{"name": "trainer", "ports": [{"name": "phalanx-metrics", "containerPort": bad_port}]}]},
+            "spec": {"containers": [{"name": "trainer",
+                                     "ports": [{"name": "phalanx-metrics", "containerPort": bad_port}]}]},
             "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
         },
     )  # fmt: skip
