@@ -212,6 +212,7 @@ class LocalCluster:
         self.binaries: dict[str, pathlib.Path] = {}
         self.versions: dict[str, str] = {}
         self._procs: list[_Proc] = []
+        self._launches: dict[str, tuple[list[str], dict[str, str] | None, str | None]] = {}
         self._started_components: list[ExtraComponent] = []
         self._ssl: ssl.SSLContext | None = None
 
@@ -403,9 +404,48 @@ class LocalCluster:
             log.close()
         proc = _Proc(name, popen.pid, _proc_start_time(popen.pid), popen)
         self._procs.append(proc)
+        self._launches[name] = (
+            [str(a) for a in argv],
+            dict(env) if env is not None else None,
+            str(cwd) if cwd else None,
+        )
         (self.pid_dir / f"{name}.pid").write_text(f"{proc.pid} {proc.start or ''}\n")
         self._save_state()
         return popen
+
+    def restart(self, name: str, timeout: float = 10.0) -> subprocess.Popen[bytes]:
+        """Stop one process this object started (SIGTERM, then SIGKILL) and start it again the same way."""
+        proc = next((p for p in self._procs if p.name == name), None)
+        if proc is None or name not in self._launches:
+            raise ClusterError(f"{name!r} was not started by this process")
+        self._terminate(proc, timeout)
+        self._procs.remove(proc)
+        argv, env, cwd = self._launches[name]
+        return self.spawn(name, argv, env=env, cwd=cwd)
+
+    def restart_apiserver(self) -> float:
+        """Restart kube-apiserver (same port and flags); returns the seconds until /readyz answered.
+        Every client's connections break and watches must resume: its watch cache starts anew."""
+        started = time.monotonic()
+        self.restart("kube-apiserver")
+        self._wait("kube-apiserver /readyz", lambda: self._api_ok("/readyz"))
+        return time.monotonic() - started
+
+    def _etcd(self, call: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.ports['etcd']}/v3/{call}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())  # type: ignore[no-any-return]
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what kube-apiserver does every five
+        minutes), so no watch can resume from an older resourceVersion; returns the revision."""
+        revision = int(self._etcd("kv/range", {"key": "AA==", "limit": 1})["header"]["revision"])
+        self._etcd("kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
 
     def _load_procs(self) -> list[_Proc]:
         order: list[str] = []
@@ -807,10 +847,14 @@ class LocalCluster:
         name_prefix: str = "kwok-gpu-",
         pods: str = "110",
         taints: Sequence[Mapping[str, str]] = (),
+        internal_ip: str | None = None,
         wait: bool = True,
         timeout: float = 60.0,
     ) -> list[str]:
-        """Create ``count`` KWOK nodes with that capacity; return their names (Ready if ``wait``)."""
+        """Create ``count`` KWOK nodes with that capacity; return their names (Ready if ``wait``).
+
+        ``internal_ip`` is the nodes' address, which KWOK also gives host-network pods on them
+        (127.0.0.1 makes such a pod reachable at a port a test serves on this host)."""
         if not self.kwok_enabled:
             raise ClusterError("this cluster runs without kwok")
         existing = set(self.kubectl("get", "nodes", "-o", "name").stdout.split())
@@ -853,6 +897,16 @@ class LocalCluster:
                         "capacity": capacity,
                         "allocatable": capacity,
                         "nodeInfo": {"kubeletVersion": kubelet_version, "kubeProxyVersion": kubelet_version},
+                        **(
+                            {
+                                "addresses": [
+                                    {"type": "InternalIP", "address": internal_ip},
+                                    {"type": "Hostname", "address": name},
+                                ]
+                            }
+                            if internal_ip
+                            else {}
+                        ),
                     },
                 }
             )

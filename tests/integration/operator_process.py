@@ -1,4 +1,8 @@
-"""Run the operator as a subprocess (the `phalanx run` console script) and stop it by its PID."""
+"""Run the operator as a subprocess (the `phalanx run` console script) and stop it by its PID.
+
+Tests of faults also kill it (SIGKILL, as a node or the OOM killer would), freeze it (SIGSTOP:
+its watches stall while the cluster moves on) and start it again; its log keeps every run.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +38,16 @@ class OperatorProcess:
         self.health_port = free_port()
         self.extra_env = extra_env or {}
         self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        self.kills = 0
+        self.exited_on_its_own: list[int] = []  # exit codes of runs that ended without being stopped
+        self._ended_by_us = False
+
+    def restart(self) -> OperatorProcess:
+        """Reap a stopped or killed run and start a new one, as a Deployment would."""
+        if self.process is not None:
+            self.process.wait(timeout=10)
+        return self.start()
 
     def start(self) -> OperatorProcess:
         scope = [f"--namespace={self.namespace}"] if self.namespace else ["--all-namespaces"]
@@ -52,10 +66,15 @@ class OperatorProcess:
             "PHALANX_METRICS_PORT": str(self.metrics_port),
             **self.extra_env,
         }
-        with self.log_path.open("wb") as log:
+        self.check_alive(expect=False)
+        with self.log_path.open("ab") as log:
+            log.write(f"--- phalanx run #{self.starts + 1} ---\n".encode())
+            log.flush()
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
+        self.starts += 1
+        self._ended_by_us = False
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -71,12 +90,50 @@ class OperatorProcess:
         """SIGTERM the operator's process group, SIGKILL it if it does not stop."""
         if self.process is None or self.process.poll() is not None:
             return
+        self._ended_by_us = True
+        os.killpg(self.process.pid, signal.SIGCONT)  # a paused process would not see the SIGTERM
         os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=5)
+
+    def kill(self, *, wait: bool = True) -> None:
+        """SIGKILL the operator (no clean-up of any kind runs); reap it unless ``wait`` is False
+        (a callback in another thread kills, the test's thread restarts)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self._ended_by_us = True
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.kills += 1
+        if wait:
+            self.process.wait(timeout=10)
+
+    def pause(self) -> None:
+        """SIGSTOP: the operator stops reading its watches while the cluster goes on."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGCONT)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def check_alive(self, *, expect: bool = True) -> None:
+        """Record a run that ended without being stopped; raise if ``expect`` and it is not running."""
+        if self.process is None or self.process.poll() is None:
+            return
+        if not self._ended_by_us:
+            self._ended_by_us = True
+            self.exited_on_its_own.append(int(self.process.returncode))
+            if expect:
+                raise RuntimeError(f"the operator exited by itself ({self.process.returncode}):\n{self.log_tail()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:

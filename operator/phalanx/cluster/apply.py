@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import aiohttp
+
 from phalanx.api import v1alpha1 as api
 from phalanx.cluster.cache import ChildCache, JobCache, controller_of
 from phalanx.cluster.client import ApiClient, ApiError
@@ -84,7 +86,9 @@ class RefusalMemory:
         known = self._refusals.setdefault(job_uid, {}).get(name)
         self._jobs[job_uid] = key
         if known is not None and known.reason == reason:
-            refusal = Refusal(reason, message, known.first, now, known.attempts + 1)
+            # after a freed quota the pauses start short again: the quota controller may lag
+            attempts = 1 if known.retry_now else known.attempts + 1
+            refusal = Refusal(reason, message, known.first, now, attempts)
         else:
             refusal = Refusal(reason, message, now, now)
         self._refusals[job_uid][name] = refusal
@@ -211,7 +215,7 @@ async def post_event(client: ApiClient, job: Mapping[str, Any], event: Event, no
     }
     try:
         await client.request("POST", f"/api/v1/namespaces/{metadata['namespace']}/events", body=body)
-    except (ApiError, TimeoutError, OSError) as error:
+    except (ApiError, TimeoutError, aiohttp.ClientError, OSError) as error:
         logger.warning("could not record event %s on %s: %s", event.reason, metadata["name"], error)
 
 

@@ -13,13 +13,14 @@ deletions). kopf offers neither, so the operator lists and watches itself:
 - a resource the API server does not serve (404: a gang scheduler's CRD is not installed), or an
   optional one the operator may not list (403), marks the informer ``absent`` and synced, and is
   looked for again every ``ABSENT_RECHECK_SECONDS``;
-- errors back off (1 s up to 30 s) and are logged in one line, never as tracebacks.
+- errors back off (0.5 s up to 15 s) and are logged in one line, never as tracebacks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,8 +31,8 @@ from phalanx.cluster.client import ApiClient, ApiError
 
 logger = logging.getLogger(__name__)
 
-ERROR_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
-ABSENT_RECHECK_SECONDS = 60.0
+ERROR_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+ABSENT_RECHECK_SECONDS = float(os.environ.get("PHALANX_ABSENT_API_RECHECK_SECONDS", "60"))
 LIST_PAGE = "500"
 
 

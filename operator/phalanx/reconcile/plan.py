@@ -186,10 +186,11 @@ class _Pass:
         refusal = self.observed.refusals.get(name)
         if refusal is None:
             return True
+        # The refusal stands until a creation succeeds, so status does not flap at each retry.
+        self.blocked.append((refusal.reason, f"creating {kind} {name}: {refusal.message}"))
         retry_at = refusal_retry_at(refusal)
         if retry_at > self.now and not refusal.retry_now:
             self.requeue.append((retry_at - self.now).total_seconds())
-            self.blocked.append((refusal.reason, f"creating {kind} {name}: {refusal.message}"))
             return False
         return True
 
@@ -562,7 +563,8 @@ class _Pass:
         ):
             self.events.append(Event("Warning", *self.stalled))
         if view.phase != previous.phase and not self.events:
-            kind: Literal["Normal", "Warning"] = "Warning" if view.phase in ("Failed", "Restarting") else "Normal"
+            troubled = view.phase in ("Failed", "Restarting") or self.stalled is not None
+            kind: Literal["Normal", "Warning"] = "Warning" if troubled else "Normal"
             self.events.append(Event(kind, view.reason, f"{previous.phase or 'New'} -> {view.phase}: {view.message}"))
         status: dict[str, Any] = {
             "observedGeneration": job.metadata.generation,
