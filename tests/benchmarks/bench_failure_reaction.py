@@ -30,21 +30,19 @@ import math
 import os
 import pathlib
 import queue
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
 from typing import Any
 
 import yaml
 
 from phalanx.api import crd
 from phalanx.reconcile import naming
+from tests.benchmarks.harness import commit, stop_on_signals
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.integration.operator_process import OperatorProcess
@@ -123,14 +121,6 @@ def summary(samples: list[float]) -> dict[str, Any]:
     }
 
 
-def commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-
-    head = git("rev-parse", "HEAD") or "unknown"
-    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def is_running(pod: dict[str, Any]) -> bool:
     ready = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions", [])}.get("Ready")
     return pod.get("status", {}).get("phase") == "Running" and ready == "True"
@@ -165,21 +155,6 @@ def fail_once(
         f"replacement of {victim}",
     )
     return created - failed, created - labelled
-
-
-@contextlib.contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """Turn SIGTERM/SIGHUP into SystemExit so every ``finally`` below runs."""
-
-    def leave(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def run(repetitions: int, warmup: int, nodes: int) -> dict[str, Any]:

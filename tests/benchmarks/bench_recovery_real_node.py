@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
@@ -26,6 +25,7 @@ from pathlib import Path
 import yaml
 
 from phalanx.api import crd
+from tests.benchmarks.harness import commit
 from tests.cluster.kube import Kubectl
 from tests.e2e.test_training import elastic_job, logs, wait_for_step
 from tests.integration.operator_process import OperatorProcess
@@ -72,14 +72,11 @@ def main() -> int:
             samples = [one_recovery(kubectl, namespace) for _ in range(args.repetitions)]
     finally:
         cluster.stop()
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
-    ).stdout.strip()
     print(
         json.dumps(
             {
                 "benchmark": "worker lost -> training resumed at world size 2 (real node, gloo, 3 workers, min 2)",
-                "commit": commit,
+                "commit": commit(),
                 "repetitions": len(samples),
                 "median_seconds": round(statistics.median(samples), 2),
                 "min_seconds": round(min(samples), 2),

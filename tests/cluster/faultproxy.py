@@ -175,7 +175,6 @@ class FaultProxy:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=context, limit=0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-            auto_decompress=False,
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)

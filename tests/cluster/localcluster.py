@@ -413,21 +413,26 @@ class LocalCluster:
         self._save_state()
         return popen
 
-    def restart(self, name: str, timeout: float = 10.0) -> subprocess.Popen[bytes]:
-        """Stop one process this object started (SIGTERM, then SIGKILL) and start it again the same way."""
+    def restart(self, name: str, *, graceful: bool = True, timeout: float = 10.0) -> subprocess.Popen[bytes]:
+        """Stop one process this object started and start it again the same way: SIGTERM (then
+        SIGKILL after ``timeout``), or at once with SIGKILL when not ``graceful`` (a crash)."""
         proc = next((p for p in self._procs if p.name == name), None)
         if proc is None or name not in self._launches:
             raise ClusterError(f"{name!r} was not started by this process")
+        if not graceful:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
         self._terminate(proc, timeout)
         self._procs.remove(proc)
         argv, env, cwd = self._launches[name]
         return self.spawn(name, argv, env=env, cwd=cwd)
 
-    def restart_apiserver(self) -> float:
-        """Restart kube-apiserver (same port and flags); returns the seconds until /readyz answered.
-        Every client's connections break and watches must resume: its watch cache starts anew."""
+    def restart_apiserver(self, *, graceful: bool = False) -> float:
+        """Restart kube-apiserver (same port and flags; by default as a crash, SIGKILL); returns the
+        seconds until /readyz answered. Every client's connections break and watches must resume:
+        its watch cache starts anew, so resuming from an older resourceVersion answers 410 Gone."""
         started = time.monotonic()
-        self.restart("kube-apiserver")
+        self.restart("kube-apiserver", graceful=graceful)
         self._wait("kube-apiserver /readyz", lambda: self._api_ok("/readyz"))
         return time.monotonic() - started
 

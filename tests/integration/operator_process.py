@@ -78,6 +78,8 @@ class OperatorProcess:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
+                if self._ended_by_us:  # killed on purpose while starting: whoever killed it restarts it
+                    return self
                 raise RuntimeError(f"operator exited with {self.process.returncode}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2):

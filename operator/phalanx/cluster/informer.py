@@ -174,7 +174,7 @@ class Informer:
     async def _pause_after_error(self, what: str, error: BaseException) -> None:
         delay = ERROR_DELAYS[min(self._errors, len(ERROR_DELAYS) - 1)]
         self._errors += 1
-        logger.warning("%s of %s failed (%s); retrying in %.0fs", what, self, _describe(error), delay)
+        logger.warning("%s of %s failed (%s); retrying in %.1fs", what, self, _describe(error), delay)
         await asyncio.sleep(delay)
 
     async def run(self) -> None:

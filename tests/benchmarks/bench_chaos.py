@@ -1,0 +1,57 @@
+"""The chaos tier's long run: at least 200 operator kills over at least 50 TrainingJobs.
+
+    python -m tests.benchmarks.bench_chaos [--jobs 60] [--kills 220] [--seed 1]
+
+Starts its own control plane with KWOK nodes, runs the operator (under the Helm chart's RBAC,
+through the fault proxy) and drives jobs through whole lifecycles while it injects faults
+(tests/chaos/driver.py says which, and which invariants it checks). Progress goes to stderr; the
+figures, the violations and the commit are printed as one JSON object. Exit status 1 when any
+invariant was violated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.benchmarks.harness import commit, stop_on_signals
+from tests.chaos.driver import ChaosConfig, ChaosRun, summary_line
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_chaos", description=__doc__)
+    parser.add_argument("--jobs", type=int, default=60)
+    parser.add_argument("--concurrent", type=int, default=10, help="jobs alive at once (default 10)")
+    parser.add_argument("--kills", type=int, default=220, help="operator SIGKILLs (default 220)")
+    parser.add_argument("--apiserver-restarts", type=int, default=3)
+    parser.add_argument("--forced-relists", type=int, default=3)
+    parser.add_argument("--watch-cuts", type=int, default=20)
+    parser.add_argument("--node-faults", type=int, default=4)
+    parser.add_argument("--nodes", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    config = ChaosConfig(
+        jobs=args.jobs,
+        concurrent=args.concurrent,
+        kills=args.kills,
+        apiserver_restarts=args.apiserver_restarts,
+        forced_relists=args.forced_relists,
+        watch_cuts=args.watch_cuts,
+        node_faults=args.node_faults,
+        nodes=args.nodes,
+        seed=args.seed,
+        time_limit=7200.0,
+    )
+    with stop_on_signals(), tempfile.TemporaryDirectory(prefix="phalanx-chaos-") as scratch:
+        report = ChaosRun(config, Path(scratch)).run()
+    print(summary_line(report), file=sys.stderr)
+    print(json.dumps({"benchmark": "chaos", "commit": commit(), "cpus": os.cpu_count(), **report.as_dict()}, indent=2))
+    return 1 if report.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
