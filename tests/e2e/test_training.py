@@ -29,7 +29,7 @@ def wait_phase(kubectl: Kubectl, namespace: str, name: str, phase: str, timeout:
         lambda: (s := status(kubectl, namespace, name)).get("phase") == phase and s,
         timeout=timeout,
         interval=1.0,
-        what=f"{name} {phase}, last status {status(kubectl, namespace, name)}",
+        what=lambda: f"{name} {phase}, last status {status(kubectl, namespace, name)}",  # the state it ended in
     )
 
 

@@ -189,3 +189,79 @@ def test_gpu_series_come_from_nvml_per_device() -> None:
     text = generate_latest(WorkerMetrics(nvml=Nvml()).registry).decode()
     assert 'phalanx_worker_gpu_utilization_ratio{gpu="1"} 0.51' in text
     assert 'phalanx_worker_gpu_memory_used_bytes{gpu="0"} 1024.0' in text
+
+
+ABORTED = re.compile(r"terminate called|SIGABRT|Signal 6|exitcode\s*:\s*-6|Fatal Python error")
+
+
+def test_two_agents_end_their_training_cleanly_and_record_completion_in_the_store(tmp_path: Path) -> None:
+    """As in the pods: two torchrun agents (one per worker pod) and the operator's store script in
+    a process of its own. Both agents must exit 0 with no abort anywhere in teardown (a rank that
+    aborts after its last step leaves the agents waiting on each other), and the store must serve
+    the completion the operator reads. Three times: teardown races show up irregularly."""
+    from phalanx.reconcile.desired import STORE_SCRIPT
+    from phalanx.worker.protocol import COMPLETION_KEY
+
+    for run in range(3):
+        store_port, status_port = free_port(), free_port()
+        base = {**os.environ, "OMP_NUM_THREADS": "1", "PHALANX_BACKEND": "gloo"}
+        store = subprocess.Popen(
+            [sys.executable, "-c", STORE_SCRIPT],
+            env={**base, "PHALANX_RENDEZVOUS_PORT": str(store_port), "PHALANX_STORE_METRICS_PORT": str(status_port),
+                 "PHALANX_COMPLETION_KEY": COMPLETION_KEY},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        agents: list[subprocess.Popen[str]] = []
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    scrape(status_port)
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            for _ in range(2):
+                env = {
+                    **base,
+                    "PET_NNODES": "2:2",
+                    "PET_NPROC_PER_NODE": "1",
+                    "PET_RDZV_BACKEND": "c10d",
+                    "PET_RDZV_ENDPOINT": f"127.0.0.1:{store_port}",
+                    "PET_RDZV_ID": f"teardown-{run}",
+                    "PET_RDZV_CONF": "join_timeout=60,last_call_timeout=1,read_timeout=60,is_host=false",
+                    "PET_MAX_RESTARTS": "3",
+                    "PET_MONITOR_INTERVAL": "0.2",
+                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                    "PHALANX_ATTEMPT": "4",
+                    "PHALANX_WORKER_METRICS_PORT": str(free_port()),
+                }
+                agents.append(
+                    subprocess.Popen(
+                        [str(TORCHRUN), "-m", "phalanx.worker.demo", "--steps", "60", "--log-every", "20"],
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        start_new_session=True,
+                    )
+                )
+            outputs = []
+            for agent in agents:
+                try:
+                    out, _ = agent.communicate(timeout=240)
+                except subprocess.TimeoutExpired:
+                    os.killpg(agent.pid, signal.SIGKILL)
+                    out, _ = agent.communicate()
+                outputs.append(out)
+            for agent, out in zip(agents, outputs, strict=True):
+                assert agent.returncode == 0, out
+                assert not ABORTED.search(out), out
+                assert "done rank=" in out and "will restart worker group" not in out, out
+            served = scrape(status_port)
+            assert "phalanx_training_completed_attempt 4" in served, served
+            assert "phalanx_training_completed_step 60" in served, served
+        finally:
+            for process in (*agents, store):
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
