@@ -243,6 +243,8 @@ class ChaosRun:
         self.api: Api | None = None
         self.operator: OperatorProcess | None = None
         self.proxy: FaultProxy | None = None
+        self.broken_node: tuple[str, float] | None = None  # a node made NotReady, and when it heals
+        self.nodes: list[str] = []
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -275,7 +277,7 @@ class ChaosRun:
                     self._drive()
                     self._final_checks()
                 self.report.operator_starts = operator.starts
-                self.report.relists_seen = len(re.findall(r"expired \(.*\); listing again", operator.log()))
+                self.report.relists_seen = self.relists()
                 if operator.exited_on_its_own:
                     self.violate(f"the operator exited by itself: {operator.exited_on_its_own}")
         finally:
@@ -339,12 +341,25 @@ class ChaosRun:
             self.report.apiserver_restarts += 1
             self.report.forced_relists += 1
             self.say(f"etcd compacted at {revision}, kube-apiserver restarted ({took:.1f}s): old watches get 410")
+            self._wait_relisted()
         elif fault == "node":
             node = self.rng.choice(self.nodes)
             self.cluster.set_node_not_ready(node, wait=False)
             self.report.node_faults += 1
             self.say(f"node {node} NotReady")
             self.broken_node = (node, time.monotonic() + 10)
+
+    def relists(self) -> int:
+        assert self.operator is not None
+        return len(re.findall(r"expired \(.*\); listing again", self.operator.log()))
+
+    def _wait_relisted(self) -> None:
+        """Before the next fault, let the operator relist (a kill now would hide it)."""
+        before = self.relists()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.relists() == before:
+            time.sleep(0.2)
+        self._wait_synced()
 
     def _wait_synced(self) -> None:
         assert self.operator is not None
@@ -384,7 +399,6 @@ class ChaosRun:
     def _drive(self) -> None:
         assert self.api is not None and self.cluster is not None and self.proxy is not None
         plan = self._fault_plan()
-        self.broken_node: tuple[str, float] | None = None
         while self.pending or any(not job.done for job in self.jobs):
             if time.monotonic() - self.started > self.config.time_limit:
                 self.violate(f"the run did not finish within {self.config.time_limit:.0f}s")
@@ -535,6 +549,19 @@ class ChaosRun:
 
     def _ended(self, job: Job) -> None:
         job.done = True
+        if job.last_phase not in ("Succeeded", "Failed"):
+            # Gone before the driver saw it end (a fault kept the driver busy past the TTL): its
+            # Events outlive it and say how it ended.
+            assert self.api is not None
+            selector = urllib.parse.quote(f"involvedObject.uid={job.uid}")
+            reasons = {
+                e.get("reason")
+                for e in self.api.items(f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector={selector}")
+            }
+            if "Succeeded" in reasons:
+                job.last_phase, job.last_reason = "Succeeded", "Succeeded"
+            elif "RestartBudgetExhausted" in reasons:
+                job.last_phase, job.last_reason = "Failed", "RestartBudgetExhausted"
         if job.story.end == "succeed" and job.last_phase == "Succeeded":
             self.report.jobs_succeeded += 1
         elif job.story.end == "exhaust" and (job.last_phase, job.last_reason) == ("Failed", "RestartBudgetExhausted"):

@@ -12,6 +12,7 @@ drop responses and cut watches.
 from __future__ import annotations
 
 import copy
+import functools
 import http.server
 import json
 import pathlib
@@ -198,9 +199,8 @@ def test_failures_are_counted_once_when_the_operator_dies_right_after_recording_
         assert stored["restarts"] == failure, stored
         assert (workers(kubectl, namespace)[victim]["status"]["phase"]) == "Failed"
         operator.restart()
-        after = wait_workers(
-            kubectl, namespace, lambda p, v=victim, b=before: replaced_and_running(p, b, v), f"{victim} replaced"
-        )
+        replaced = functools.partial(replaced_and_running, before=before, victim=victim)
+        after = wait_workers(kubectl, namespace, replaced, f"{victim} replaced")
         state = wait_running(kubectl, namespace, 3)
         assert (state["restarts"], state["restartsByReason"]) == (failure, {"WorkerFailed": failure}), state
         assert "countedFailures" not in state or uids(before)[victim] not in state["countedFailures"]
@@ -399,6 +399,10 @@ def loopback_job(kubectl: Kubectl, namespace: str, name: str, port: int) -> None
     kubectl.create(body, namespace=namespace)
 
 
+def reports_world_size(state: dict[str, Any], size: int) -> bool:
+    return bool((state.get("workers") or {}).get("worldSize") == size)
+
+
 def world_size_page(size: int) -> str:
     return f"phalanx_worker_world_size {size}\nphalanx_worker_last_checkpoint_timestamp_seconds 0\n"
 
@@ -414,7 +418,7 @@ def test_one_pod_serving_absurd_metrics_never_stops_progress_for_the_others(
             wait_status(
                 kubectl,
                 namespace,
-                lambda s, n=size: (s.get("workers") or {}).get("worldSize") == n,
+                functools.partial(reports_world_size, size=size),
                 f"{name} reports world size {size}",
                 name=name,
             )

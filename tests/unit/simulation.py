@@ -69,7 +69,8 @@ class World:
 
     @property
     def status(self) -> dict[str, Any]:
-        return self.body["status"]
+        status: dict[str, Any] = self.body["status"]
+        return status
 
     def observed(self) -> Observed:
         pods = tuple(sorted((pod_record(pod) for pod in self.pods.values()), key=lambda p: p.name))

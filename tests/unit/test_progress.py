@@ -130,7 +130,8 @@ def test_the_poller_scrapes_a_serving_worker_and_wakes_its_job_only_on_change() 
     port = free_port()
     metrics = served(3, 40)
     metrics.serve(port)
-    jobs, children, woken = JobCache(), ChildCache(), []
+    jobs, children = JobCache(), ChildCache()
+    woken: list[tuple[str, str]] = []
     running_job_and_worker(jobs, children, ip="127.0.0.1", port=port)
     poller = ProgressPoller(jobs, children, woken.append, interval=60)
 
@@ -150,7 +151,8 @@ def test_the_poller_scrapes_a_serving_worker_and_wakes_its_job_only_on_change() 
 
 
 def test_a_worker_that_does_not_answer_costs_only_its_fields() -> None:
-    jobs, children, woken = JobCache(), ChildCache(), []
+    jobs, children = JobCache(), ChildCache()
+    woken: list[tuple[str, str]] = []
     running_job_and_worker(jobs, children, ip="127.0.0.1", port=free_port())
     poller = ProgressPoller(jobs, children, woken.append, interval=60, timeout=0.5)
 
@@ -184,7 +186,8 @@ def serve_text(text: str) -> int:
 def test_one_pod_serving_garbage_costs_only_its_own_job_and_the_poller_goes_on() -> None:
     good_port, bad_port = free_port(), serve_text(GARBAGE[0])
     served(4, 10).serve(good_port)
-    jobs, children, woken = JobCache(), ChildCache(), []
+    jobs, children = JobCache(), ChildCache()
+    woken: list[tuple[str, str]] = []
     running_job_and_worker(jobs, children, ip="127.0.0.1", port=good_port)
     bad_job = {"metadata": {"namespace": "ml", "name": "bad", "uid": "uid-bad", "resourceVersion": "1"},
                "status": {"phase": "Running", "attempt": 0}}  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 
@@ -57,5 +58,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """End the process without interpreter finalization.
+
+    After ``destroy_process_group`` gloo's worker and transport threads (and, on rank 0, the
+    TCPStore server thread) live on until the objects that still hold the group (DDP, the
+    optimizer, autograd state) are destroyed, which happens during finalization; a native thread
+    that touches a Python object then aborts the process ("terminate called without an active
+    exception", exit -6) after training has succeeded. The session has already torn down
+    collectively and recorded completion, so nothing is left to clean up.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_now(main())
