@@ -46,10 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         time_limit=7200.0,
     )
+    measured = commit()  # what is being measured, before the run (the tree may change meanwhile)
     with stop_on_signals(), tempfile.TemporaryDirectory(prefix="phalanx-chaos-") as scratch:
         report = ChaosRun(config, Path(scratch)).run()
     print(summary_line(report), file=sys.stderr)
-    print(json.dumps({"benchmark": "chaos", "commit": commit(), "cpus": os.cpu_count(), **report.as_dict()}, indent=2))
+    print(json.dumps({"benchmark": "chaos", "commit": measured, "cpus": os.cpu_count(), **report.as_dict()}, indent=2))
     return 1 if report.violations else 0
 
 
