@@ -406,9 +406,7 @@ class ChaosRun:
             while plan and plan[0][0] <= self._progress():
                 self._inject(plan.pop(0)[1])
             if self.broken_node and time.monotonic() > self.broken_node[1]:
-                self.cluster.set_node_not_ready(self.broken_node[0], not_ready=False, wait=False)
-                self.say(f"node {self.broken_node[0]} Ready again")
-                self.broken_node = None
+                self._heal(self.broken_node[0])
             self._keep_operator_running()
             while self.pending and sum(1 for job in self.jobs if not job.done) < self.config.concurrent:
                 self._create(self.pending.pop(0))
@@ -419,8 +417,27 @@ class ChaosRun:
             time.sleep(0.2)
         self.proxy.clear()  # a kill armed but not fired did not happen
         if self.broken_node:
-            self.cluster.set_node_not_ready(self.broken_node[0], not_ready=False, wait=False)
+            self._heal(self.broken_node[0])
         self._keep_operator_running()
+
+    def _heal(self, node: str) -> None:
+        """The node is Ready again, and its kubelet reports its running containers ready again
+        (the node controller marked them not ready; KWOK's stages never undo that)."""
+        assert self.cluster is not None and self.api is not None
+        self.cluster.set_node_not_ready(node, not_ready=False, wait=True)
+        self.broken_node = None
+        patch = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+        for pod in self.api.items(f"/api/v1/namespaces/{NAMESPACE}/pods?fieldSelector=spec.nodeName%3D{node}"):
+            running = pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+            if running:
+                with contextlib.suppress(urllib.error.HTTPError):
+                    self.api.call(
+                        "PATCH",
+                        f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}/status",
+                        patch,
+                        content_type="application/strategic-merge-patch+json",
+                    )
+        self.say(f"node {node} Ready again")
 
     def _observe(self) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
         assert self.api is not None

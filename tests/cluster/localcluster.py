@@ -419,13 +419,19 @@ class LocalCluster:
         proc = next((p for p in self._procs if p.name == name), None)
         if proc is None or name not in self._launches:
             raise ClusterError(f"{name!r} was not started by this process")
-        if not graceful:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        self._terminate(proc, timeout)
-        self._procs.remove(proc)
-        argv, env, cwd = self._launches[name]
-        return self.spawn(name, argv, env=env, cwd=cwd)
+        # A SIGTERM to us between stopping and recording the new process would leak the new one.
+        held = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+        signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            if not graceful:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            self._terminate(proc, timeout)
+            self._procs.remove(proc)
+            argv, env, cwd = self._launches[name]
+            return self.spawn(name, argv, env=env, cwd=cwd)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
 
     def restart_apiserver(self, *, graceful: bool = False) -> float:
         """Restart kube-apiserver (same port and flags; by default as a crash, SIGKILL); returns the

@@ -86,6 +86,27 @@ def test_a_lost_store_restarts_the_gang_once_even_if_its_pod_outlives_the_pass()
     assert world.status["restartsByReason"] == {"RendezvousStoreLost": 1}
 
 
+def test_a_store_lost_with_its_node_goes_even_when_the_node_comes_back() -> None:
+    world = running(World(job()))
+    store = naming.rendezvous_name("demo")
+    world.unready_nodes.add("node-a")  # every pod runs there
+    store_uid = uid_of(world, store)
+    world.carry_out(world.plan(), stop_after_status=True)  # the gang restart is recorded, nothing deleted
+    assert (world.status["attempt"], world.status["restartsByReason"]) == (1, {"NodeLost": 1})
+    assert store_uid in world.status["countedFailures"]
+    world.unready_nodes.clear()  # the node is back before the operator is
+    plan = world.reconcile()
+    assert store in {d.name for d in plan.delete}  # declared lost: it goes all the same
+    assert not [obj for obj in plan.apply if obj["kind"] == "Pod"]  # no worker dials the old store
+    world.finish_terminating()
+    world.settle()
+    world.run()
+    world.settle()
+    assert (world.status["attempt"], world.status["phase"]) == (1, "Running")
+    assert world.status["restartsByReason"] == {"NodeLost": 1}
+    assert world.pods[store]["metadata"]["uid"] != store_uid
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, 2), st.booleans(), st.integers(0, 3)), min_size=1, max_size=8))
 def test_restarts_equal_the_counted_failures_whatever_the_interruptions(

@@ -196,3 +196,12 @@ def test_our_own_deletions_are_visible_before_the_watch_reports_them() -> None:
     cache.mark_deleting(JOB_UID, "demo-worker-0")
     assert cache.pods_of(JOB_UID)[0].deleting
     cache.mark_deleting(JOB_UID, "not-there")  # unknown pods are ignored
+
+
+def test_run_hands_kopfs_namespace_options_to_the_informers() -> None:
+    assert cli.watch_scope(["--standalone", "--namespace=ml", "-n", "research", "-nteam"]) == ["ml", "research", "team"]
+    assert cli.watch_scope(["--all-namespaces"]) is None
+    assert cli.watch_scope(["-A", "--namespace=ml"]) is None
+    assert cli.watch_scope(["--standalone"]) is None
+    with pytest.raises(SystemExit, match="patterns are not supported"):
+        cli.watch_scope(["--namespace=team-*"])

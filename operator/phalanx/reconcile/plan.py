@@ -319,6 +319,9 @@ class _Pass:
         self.ensure(group)
         self.ensure(service)
         store_pod = self.observed.store()
+        if store_pod is not None and (store_pod.deleting or self.already_counted(store_pod)):
+            # Workers that dialled the old store would lose it again as it goes.
+            return PhaseView("Restarting", "GangRestart", "waiting for the old rendezvous store to stop")
         if store_pod is None and self.may_create(store):
             self.apply.append(store)
 
@@ -367,8 +370,10 @@ class _Pass:
         failures = [(pod, failure) for pod, failure in failures if not self.already_counted(pod)]
         store = self.observed.store()
         store_gone = store is None or store.finished or store.deleting or not self.node_ready(store)
-        if store is not None and store_gone and self.already_counted(store):
-            self.remove(store)  # its loss already restarted the gang; a new store follows
+        if store is not None and self.already_counted(store):
+            # Declared lost, and the gang restarted for it (its node may be back by now): it goes,
+            # and a new store comes before any worker of the new attempt.
+            self.remove(store)
             store_gone = False
         store_lost = bool(current) and store_gone
         # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing.
