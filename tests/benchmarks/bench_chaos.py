@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -47,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         time_limit=7200.0,
     )
     measured = commit()  # what is being measured, before the run (the tree may change meanwhile)
-    with stop_on_signals(), tempfile.TemporaryDirectory(prefix="phalanx-chaos-") as scratch:
-        report = ChaosRun(config, Path(scratch)).run()
+    scratch = Path(tempfile.mkdtemp(prefix="phalanx-chaos-"))
+    with stop_on_signals():
+        report = ChaosRun(config, scratch).run()
+    if report.violations:  # the operator's log stays for the post-mortem
+        print(f"kept {scratch} (operator.log, cluster logs)", file=sys.stderr)
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
     print(summary_line(report), file=sys.stderr)
     print(json.dumps({"benchmark": "chaos", "commit": measured, "cpus": os.cpu_count(), **report.as_dict()}, indent=2))
     return 1 if report.violations else 0

@@ -243,7 +243,7 @@ class ChaosRun:
         self.api: Api | None = None
         self.operator: OperatorProcess | None = None
         self.proxy: FaultProxy | None = None
-        self.broken_node: tuple[str, float] | None = None  # a node made NotReady, and when it heals
+        self.broken_nodes: dict[str, float] = {}  # nodes made NotReady, and when each heals
         self.nodes: list[str] = []
 
     # -- the run ---------------------------------------------------------------------------------
@@ -343,11 +343,11 @@ class ChaosRun:
             self.say(f"etcd compacted at {revision}, kube-apiserver restarted ({took:.1f}s): old watches get 410")
             self._wait_relisted()
         elif fault == "node":
-            node = self.rng.choice(self.nodes)
+            node = self.rng.choice([name for name in self.nodes if name not in self.broken_nodes])
             self.cluster.set_node_not_ready(node, wait=False)
             self.report.node_faults += 1
             self.say(f"node {node} NotReady")
-            self.broken_node = (node, time.monotonic() + 10)
+            self.broken_nodes[node] = time.monotonic() + 10
 
     def relists(self) -> int:
         assert self.operator is not None
@@ -405,8 +405,9 @@ class ChaosRun:
                 return
             while plan and plan[0][0] <= self._progress():
                 self._inject(plan.pop(0)[1])
-            if self.broken_node and time.monotonic() > self.broken_node[1]:
-                self._heal(self.broken_node[0])
+            for node, heal_at in list(self.broken_nodes.items()):
+                if time.monotonic() > heal_at:
+                    self._heal(node)
             self._keep_operator_running()
             while self.pending and sum(1 for job in self.jobs if not job.done) < self.config.concurrent:
                 self._create(self.pending.pop(0))
@@ -416,8 +417,8 @@ class ChaosRun:
                     self._advance(job, jobs.get(job.name), pods)
             time.sleep(0.2)
         self.proxy.clear()  # a kill armed but not fired did not happen
-        if self.broken_node:
-            self._heal(self.broken_node[0])
+        for node in list(self.broken_nodes):
+            self._heal(node)
         self._keep_operator_running()
 
     def _heal(self, node: str) -> None:
@@ -425,7 +426,7 @@ class ChaosRun:
         (the node controller marked them not ready; KWOK's stages never undo that)."""
         assert self.cluster is not None and self.api is not None
         self.cluster.set_node_not_ready(node, not_ready=False, wait=True)
-        self.broken_node = None
+        self.broken_nodes.pop(node, None)
         patch = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
         for pod in self.api.items(f"/api/v1/namespaces/{NAMESPACE}/pods?fieldSelector=spec.nodeName%3D{node}"):
             running = pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
@@ -534,7 +535,23 @@ class ChaosRun:
         wait = job.wait
         assert wait is not None
         if time.monotonic() - wait.since > STEP_TIMEOUT:
-            self.violate(f"{job.name}: stuck waiting for {wait.what}; status {json.dumps(status)[:600]}")
+            seen = [
+                (
+                    p["metadata"]["name"],
+                    p["spec"].get("nodeName"),
+                    p["status"].get("phase"),
+                    {c["type"]: c["status"] for c in p["status"].get("conditions") or []}.get("Ready"),
+                    bool(p["metadata"].get("deletionTimestamp")),
+                )
+                for p in self._pods_of(job, pods)
+            ]
+            brief = {
+                k: status.get(k) for k in ("phase", "reason", "message", "attempt", "restarts", "restartsByReason")
+            }
+            self.violate(
+                f"{job.name}: stuck waiting for {wait.what}; status {brief}; "
+                f"pods (name, node, phase, ready, deleting) {seen}"
+            )
             job.done = True
             return
         workers = self._workers(job, pods)

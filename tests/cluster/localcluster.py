@@ -439,8 +439,17 @@ class LocalCluster:
         its watch cache starts anew, so resuming from an older resourceVersion answers 410 Gone."""
         started = time.monotonic()
         self.restart("kube-apiserver", graceful=graceful)
-        self._wait("kube-apiserver /readyz", lambda: self._api_ok("/readyz"))
-        return time.monotonic() - started
+        for attempt in range(3):  # as a kubelet restarts a static pod that exits while starting
+            try:
+                self._wait("kube-apiserver /readyz", lambda: self._api_ok("/readyz"))
+                return time.monotonic() - started
+            except ClusterError as error:
+                tail = (self.log_dir / "kube-apiserver.log").read_text(errors="replace").splitlines()[-8:]
+                if attempt == 2:
+                    raise ClusterError(f"{error}:\n" + "\n".join(tail)) from error
+                print("kube-apiserver exited while starting; again:\n" + "\n".join(tail), file=sys.stderr)
+                self.restart("kube-apiserver", graceful=False)
+        raise AssertionError("unreachable")
 
     def _etcd(self, call: str, body: Mapping[str, Any]) -> dict[str, Any]:
         request = urllib.request.Request(
