@@ -64,7 +64,8 @@ POOL_LABEL = "phalanx.dev/test-pool"
 POOL = "chaos"
 ORPHAN_GRACE = 60.0
 STEP_TIMEOUT = 90.0
-TTL_SECONDS = 8
+TTL_SECONDS = 45  # longer than any pause of the driver, which must see each job end
+READINESS_SYNC_SECONDS = 5.0
 COUNTED = ("fail", "oom")
 MIDDLE_STEPS = ("fail", "oom", "evict", "delete", "scale", "suspend", "gang")
 TRAINER: dict[str, Any] = {
@@ -237,6 +238,7 @@ class ChaosRun:
         self.jobs: list[Job] = []
         self.pending = list(stories(config, self.rng))
         self.orphans: dict[str, float] = {}
+        self.not_ready: dict[str, float] = {}  # pod uid -> when it was first seen running but not ready
         self.pod_uids: set[str] = set()
         self.killed = threading.Event()
         self.cluster: LocalCluster | None = None
@@ -409,7 +411,8 @@ class ChaosRun:
                 if time.monotonic() > heal_at:
                     self._heal(node)
             self._keep_operator_running()
-            while self.pending and sum(1 for job in self.jobs if not job.done) < self.config.concurrent:
+            ending = sum(1 for job in self.jobs if not job.done and job.wait is not None and job.wait.gone)
+            while self.pending and sum(1 for job in self.jobs if not job.done) - ending < self.config.concurrent:
                 self._create(self.pending.pop(0))
             jobs, pods = self._observe()
             for job in self.jobs:
@@ -422,15 +425,43 @@ class ChaosRun:
         self._keep_operator_running()
 
     def _heal(self, node: str) -> None:
-        """The node is Ready again, and its kubelet reports its running containers ready again
-        (the node controller marked them not ready; KWOK's stages never undo that)."""
-        assert self.cluster is not None and self.api is not None
+        """The node is Ready again (its pods' readiness follows, see ``_sync_readiness``)."""
+        assert self.cluster is not None
         self.cluster.set_node_not_ready(node, not_ready=False, wait=True)
         self.broken_nodes.pop(node, None)
-        patch = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-        for pod in self.api.items(f"/api/v1/namespaces/{NAMESPACE}/pods?fieldSelector=spec.nodeName%3D{node}"):
-            running = pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
-            if running:
+        self.say(f"node {node} Ready again")
+
+    def _sync_readiness(self, pods: list[dict[str, Any]]) -> None:
+        """Play the kubelet's status sync: a running container on a Ready node is reported ready
+        again after the node controller marked it not ready (the node's heartbeat was late while
+        the API server was down). KWOK's stages never undo that mark."""
+        assert self.api is not None
+        now = time.monotonic()
+        stale = []
+        for pod in pods:
+            ready = {c["type"]: c["status"] for c in pod["status"].get("conditions") or []}.get("Ready")
+            live = pod["status"].get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")
+            uid = pod["metadata"]["uid"]
+            if live and ready == "False":
+                if now - self.not_ready.setdefault(uid, now) > READINESS_SYNC_SECONDS:
+                    stale.append(pod)
+            else:
+                self.not_ready.pop(uid, None)
+        if not stale:
+            return
+        nodes = self.api.items("/api/v1/nodes")
+        ready_nodes = {
+            n["metadata"]["name"]
+            for n in nodes
+            if {c["type"]: c["status"] for c in n["status"].get("conditions") or []}.get("Ready") == "True"
+        }
+        patch = {
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}]
+            }
+        }
+        for pod in stale:
+            if pod["spec"].get("nodeName") in ready_nodes:
                 with contextlib.suppress(urllib.error.HTTPError):
                     self.api.call(
                         "PATCH",
@@ -438,7 +469,7 @@ class ChaosRun:
                         patch,
                         content_type="application/strategic-merge-patch+json",
                     )
-        self.say(f"node {node} Ready again")
+                self.not_ready.pop(pod["metadata"]["uid"], None)
 
     def _observe(self) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
         assert self.api is not None
@@ -448,6 +479,7 @@ class ChaosRun:
         }
         pods = self.api.items(f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={naming.JOB_NAME_LABEL}")
         self._check_pods(jobs, pods)
+        self._sync_readiness(pods)
         return jobs, pods
 
     def _check_pods(self, jobs: dict[str, dict[str, Any]], pods: list[dict[str, Any]]) -> None:
