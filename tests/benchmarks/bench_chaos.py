@@ -1,6 +1,6 @@
 """The chaos tier's long run: at least 200 operator kills over at least 50 TrainingJobs.
 
-    python -m tests.benchmarks.bench_chaos [--jobs 60] [--kills 220] [--seed 1]
+    python -m tests.benchmarks.bench_chaos [--jobs 60] [--kills 260] [--seed 1]
 
 Starts its own control plane with KWOK nodes, runs the operator (under the Helm chart's RBAC,
 through the fault proxy) and drives jobs through whole lifecycles while it injects faults
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_chaos", description=__doc__)
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--concurrent", type=int, default=10, help="jobs alive at once (default 10)")
-    parser.add_argument("--kills", type=int, default=220, help="operator SIGKILLs (default 220)")
+    parser.add_argument("--kills", type=int, default=260, help="operator SIGKILLs planned (default 260)")
     parser.add_argument("--apiserver-restarts", type=int, default=3)
     parser.add_argument("--forced-relists", type=int, default=3)
     parser.add_argument("--watch-cuts", type=int, default=20)

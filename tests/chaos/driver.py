@@ -279,6 +279,7 @@ class ChaosRun:
                     self._drive()
                     self._final_checks()
                 self.report.operator_starts = operator.starts
+                self.report.operator_kills = operator.kills
                 self.report.relists_seen = self.relists()
                 if operator.exited_on_its_own:
                     self.violate(f"the operator exited by itself: {operator.exited_on_its_own}")
@@ -322,9 +323,7 @@ class ChaosRun:
                 self.killed.clear()
                 self.proxy.after(lambda r: r.status_write, self._kill_from_proxy)
                 self.say("armed: SIGKILL right after the operator's next status write")
-            else:
-                self.operator.kill()
-                self.report.operator_kills += 1
+            elif self.operator.kill():
                 self.say("SIGKILL of the operator")
         elif fault == "cut":
             self.report.watch_cuts += 1
@@ -375,10 +374,9 @@ class ChaosRun:
 
     def _kill_from_proxy(self, request: Request) -> None:
         assert self.operator is not None
-        self.operator.kill(wait=False)
-        self.report.operator_kills += 1
-        self.report.precise_kills += 1
-        self.killed.set()
+        if self.operator.kill(wait=False):
+            self.report.precise_kills += 1
+            self.killed.set()
 
     def _keep_operator_running(self) -> None:
         assert self.operator is not None
@@ -405,7 +403,7 @@ class ChaosRun:
             if time.monotonic() - self.started > self.config.time_limit:
                 self.violate(f"the run did not finish within {self.config.time_limit:.0f}s")
                 return
-            while plan and plan[0][0] <= self._progress():
+            if plan and plan[0][0] <= self._progress():  # one a round: a killed operator restarts between
                 self._inject(plan.pop(0)[1])
             for node, heal_at in list(self.broken_nodes.items()):
                 if time.monotonic() > heal_at:

@@ -15,7 +15,7 @@ from tests.chaos.driver import ChaosConfig, ChaosRun, summary_line
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration]
 
-SHORT = ChaosConfig(jobs=10, concurrent=6, kills=24, apiserver_restarts=1, forced_relists=1, watch_cuts=4, seed=7)
+SHORT = ChaosConfig(jobs=10, concurrent=6, kills=36, apiserver_restarts=1, forced_relists=1, watch_cuts=4, seed=7)
 
 
 def test_no_job_is_lost_failed_wrongly_or_counted_twice_under_chaos(tmp_path: pathlib.Path) -> None:

@@ -101,16 +101,17 @@ class OperatorProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=5)
 
-    def kill(self, *, wait: bool = True) -> None:
+    def kill(self, *, wait: bool = True) -> bool:
         """SIGKILL the operator (no clean-up of any kind runs); reap it unless ``wait`` is False
-        (a callback in another thread kills, the test's thread restarts)."""
+        (a callback in another thread kills, the test's thread restarts). False if it was not running."""
         if self.process is None or self.process.poll() is not None:
-            return
+            return False
         self._ended_by_us = True
         os.killpg(self.process.pid, signal.SIGKILL)
         self.kills += 1
         if wait:
             self.process.wait(timeout=10)
+        return True
 
     def pause(self) -> None:
         """SIGSTOP: the operator stops reading its watches while the cluster goes on."""
