@@ -239,6 +239,8 @@ class ChaosRun:
         self.pending = list(stories(config, self.rng))
         self.orphans: dict[str, float] = {}
         self.not_ready: dict[str, float] = {}  # pod uid -> when it was first seen running but not ready
+        self.faults_due = False  # a planned fault's moment has come and it was not injected yet
+        self.kill_armed = False
         self.pod_uids: set[str] = set()
         self.killed = threading.Event()
         self.cluster: LocalCluster | None = None
@@ -319,7 +321,9 @@ class ChaosRun:
     def _inject(self, fault: str) -> None:
         assert self.operator is not None and self.proxy is not None and self.cluster is not None
         if fault == "kill":
-            if self.rng.random() < self.config.precise_kill_share:
+            # One armed kill at a time: a second would fire on the same write and kill once.
+            if not self.kill_armed and self.rng.random() < self.config.precise_kill_share:
+                self.kill_armed = True
                 self.killed.clear()
                 self.proxy.after(lambda r: r.status_write, self._kill_from_proxy)
                 self.say("armed: SIGKILL right after the operator's next status write")
@@ -335,6 +339,7 @@ class ChaosRun:
         elif fault == "relist":
             # Only a live operator with watches open can be forced to relist: no kill in flight.
             self.proxy.clear()
+            self.kill_armed = False
             self._keep_operator_running()
             self._wait_synced()
             revision = self.cluster.compact_etcd()
@@ -374,6 +379,7 @@ class ChaosRun:
 
     def _kill_from_proxy(self, request: Request) -> None:
         assert self.operator is not None
+        self.kill_armed = False
         if self.operator.kill(wait=False):
             self.report.precise_kills += 1
             self.killed.set()
@@ -390,6 +396,11 @@ class ChaosRun:
 
     # -- the loop --------------------------------------------------------------------------------
 
+    def _outrunning_the_faults(self) -> bool:
+        """Stories wait while faults are due (one is injected a round), so that the faults stay
+        spread over the jobs' lives instead of piling up at the end."""
+        return self.faults_due
+
     def _progress(self) -> float:
         """Share of all the stories' steps taken so far (faults are spread over it)."""
         planned = sum(len(job.story.steps) + 1 for job in self.jobs) + sum(len(s.steps) + 1 for s in self.pending)
@@ -405,6 +416,7 @@ class ChaosRun:
                 return
             if plan and plan[0][0] <= self._progress():  # one a round: a killed operator restarts between
                 self._inject(plan.pop(0)[1])
+            self.faults_due = bool(plan) and plan[0][0] <= self._progress()
             for node, heal_at in list(self.broken_nodes.items()):
                 if time.monotonic() > heal_at:
                     self._heal(node)
@@ -418,6 +430,7 @@ class ChaosRun:
                     self._advance(job, jobs.get(job.name), pods)
             time.sleep(0.2)
         self.proxy.clear()  # a kill armed but not fired did not happen
+        self.kill_armed = False
         for node in list(self.broken_nodes):
             self._heal(node)
         self._keep_operator_running()
@@ -595,7 +608,10 @@ class ChaosRun:
             return
         if wait.suspended:
             if status.get("phase") == "Suspended" and not self._pods_of(job, pods):
-                self._take_step(job, body, workers)
+                if self._outrunning_the_faults():
+                    wait.since = time.monotonic()  # waiting on the driver, not on the operator
+                else:
+                    self._take_step(job, body, workers)
             return
         desired = wait.desired if wait.desired is not None else body["spec"]["workers"]["desired"]
         if not self._stable(body, workers, desired):
@@ -606,6 +622,9 @@ class ChaosRun:
             return
         if int(status.get("restarts", 0)) != job.expected_restarts:
             return  # not counted yet (an excess is reported above)
+        if self._outrunning_the_faults():
+            wait.since = time.monotonic()  # waiting on the driver, not on the operator
+            return
         self._take_step(job, body, workers)
 
     def _pods_of(self, job: Job, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:

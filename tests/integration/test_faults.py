@@ -442,11 +442,13 @@ def test_one_pod_serving_absurd_metrics_never_stops_progress_for_the_others(
 
 
 def test_pods_deleted_while_the_operator_was_not_watching_are_forgotten_after_the_relist(
-    kubectl: Kubectl, kwok_cluster: LocalCluster, namespace: str, operator: OperatorProcess
+    kubectl: Kubectl, kwok_cluster: LocalCluster, namespace: str, proxy: FaultProxy, operator: OperatorProcess
 ) -> None:
     before = start(kubectl, namespace)
     victim = naming.worker_pod_name(JOB, 2)
-    operator.pause()  # its watches stall
+    operator.pause()
+    # A stopped process's sockets still take in events; ending its streams makes sure it never sees the deletion.
+    proxy.cut_watches()
     try:
         kubectl.run("delete", "pod", victim, f"--namespace={namespace}", "--grace-period=0", "--force")
         kubectl.wait_for(lambda: victim not in workers(kubectl, namespace), timeout=30, what=f"{victim} gone")
