@@ -1,6 +1,6 @@
 """Session-wide rules for every tier.
 
-In CI (``CI=true``) a skipped integration, end-to-end or chaos test fails the run: those tiers
+In CI (``CI=true``) a skipped integration, end-to-end, chaos or gang test fails the run: those tiers
 skip only when something they need is missing (KWOK, the real node, a binary), and a missing
 install step must not pass as green. A test that may skip in CI on purpose says so with
 ``@pytest.mark.ci_may_skip("why")``.
@@ -15,7 +15,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-CI_TIERS = ("integration", "e2e", "realnode", "chaos")
+CI_TIERS = ("integration", "e2e", "realnode", "chaos", "gang")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -40,9 +40,9 @@ from typing import Any
 
 import yaml
 
-from phalanx.api import crd
 from phalanx.reconcile import naming
 from tests.benchmarks.harness import commit, stop_on_signals
+from tests.cluster.crds import cluster_crds
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.integration.operator_process import OperatorProcess
@@ -51,7 +51,6 @@ from tests.unit.jobs import manifest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAMESPACE = "bench"
 JOB = "bench"
-CRD_FILES = [ROOT / "crds" / crd.CRD_FILE, *sorted((ROOT / "tests" / "fixtures" / "crds").glob("*.yaml"))]
 
 
 def job_manifest(repetitions: int) -> dict[str, Any]:
@@ -168,7 +167,7 @@ def run(repetitions: int, warmup: int, nodes: int) -> dict[str, Any]:
             cluster.start()
             cluster.add_gpu_nodes(nodes, gpus_per_node=8, name_prefix="bench-gpu-")
             kubectl = Kubectl(cluster.kubeconfig)
-            for path in CRD_FILES:
+            for path in cluster_crds():
                 kubectl.apply(yaml.safe_load(path.read_text()))
             kubectl.run("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
             kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})

@@ -48,8 +48,8 @@ from typing import Any
 
 import yaml
 
-from phalanx.api import crd
 from phalanx.reconcile import naming
+from tests.cluster.crds import cluster_crds
 from tests.cluster.faultproxy import FaultProxy, Request
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
@@ -292,7 +292,7 @@ class ChaosRun:
         return self.report
 
     def _install(self, kubectl: Kubectl, cluster: LocalCluster) -> None:
-        for path in [ROOT / "crds" / crd.CRD_FILE, *sorted((ROOT / "tests" / "fixtures" / "crds").glob("*.yaml"))]:
+        for path in cluster_crds():
             body = yaml.safe_load(path.read_text())
             kubectl.apply(body)
             kubectl.run("wait", "--for=condition=Established", f"crd/{body['metadata']['name']}", "--timeout=60s")

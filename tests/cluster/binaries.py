@@ -12,6 +12,7 @@ The binaries are built by ``tests/cluster/build-binaries.sh`` from the wrapper G
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -41,6 +42,12 @@ MODULES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "kwok": ("kwok", "sigs.k8s.io/kwok", ("kwok",)),
     "coredns": ("coredns", "github.com/coredns/coredns", ("coredns",)),
     "helm": ("helm", "helm.sh/helm/v3", ("helm",)),
+    "scheduler-plugins": (
+        "scheduler-plugins",
+        "sigs.k8s.io/scheduler-plugins",
+        ("scheduler-plugins-scheduler", "scheduler-plugins-controller"),
+    ),
+    "kueue": ("kueue", "sigs.k8s.io/kueue", ("kueue",)),
 }
 
 BINARY_MODULE: dict[str, str] = {b: m for m, (_, _, bins) in MODULES.items() for b in bins}
@@ -84,6 +91,24 @@ def module_version(module: str) -> str:
 
 def versions() -> dict[str, str]:
     return {m: module_version(m) for m in MODULES}
+
+
+def module_source(module: str) -> pathlib.Path:
+    """The module's own files (CRDs, manifests) in the Go module cache, downloaded if missing: the
+    same download its binaries were built from."""
+    wrapper, path, _ = MODULES[module]
+    env = {**os.environ, "GOFLAGS": "-mod=readonly", "GOTOOLCHAIN": "local"}
+    proc = subprocess.run(
+        ["go", "mod", "download", "-json", f"{path}@{module_version(module)}"],
+        cwd=GO_DIR / wrapper,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise BinaryBuildError(f"go mod download {path}: {proc.stdout.strip()} {proc.stderr.strip()}")
+    return pathlib.Path(json.loads(proc.stdout)["Dir"])
 
 
 def module_dir(module: str) -> pathlib.Path:

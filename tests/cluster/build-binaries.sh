@@ -12,6 +12,9 @@
 #   kwok       -> kwok
 #   coredns    -> coredns
 #   helm       -> helm
+#   scheduler-plugins -> scheduler-plugins-scheduler (kube-scheduler with Coscheduling),
+#                        scheduler-plugins-controller (PodGroup status)
+#   kueue      -> kueue (the manager, webhooks included)
 #
 # Output: ${PHALANX_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx}/bin/<module>-<version>/<binary>
 # Versions come from the wrapper go.mod files; change a version there (then `go mod tidy`).
@@ -27,13 +30,13 @@ export CGO_ENABLED=0
 # The build must use the committed go.sum; never edit go.mod implicitly.
 export GOFLAGS="${GOFLAGS:-} -mod=readonly -buildvcs=false"
 
-ALL_MODULES=(kubernetes etcd kwok coredns helm)
+ALL_MODULES=(kubernetes etcd kwok coredns helm scheduler-plugins kueue)
 
 # module -> wrapper dir, Go module path, binaries
 wrapper_dir() {
   case "$1" in
     kubernetes) echo "$GO_DIR/k8s" ;;
-    etcd | kwok | coredns | helm) echo "$GO_DIR/$1" ;;
+    etcd | kwok | coredns | helm | scheduler-plugins | kueue) echo "$GO_DIR/$1" ;;
     *) echo "unknown module: $1" >&2; return 1 ;;
   esac
 }
@@ -44,11 +47,14 @@ module_path() {
     kwok) echo "sigs.k8s.io/kwok" ;;
     coredns) echo "github.com/coredns/coredns" ;;
     helm) echo "helm.sh/helm/v3" ;;
+    scheduler-plugins) echo "sigs.k8s.io/scheduler-plugins" ;;
+    kueue) echo "sigs.k8s.io/kueue" ;;
   esac
 }
 binaries() {
   case "$1" in
     kubernetes) echo "kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl" ;;
+    scheduler-plugins) echo "scheduler-plugins-scheduler scheduler-plugins-controller" ;;
     *) echo "$1" ;;
   esac
 }
@@ -125,6 +131,23 @@ build_module() { # <module> <version> <out dir>
         -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=$kmaj \
         -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$kmin" \
         -o "$out/helm" helm.sh/helm/v3/cmd/helm
+      ;;
+    scheduler-plugins)
+      # Built against the cluster's Kubernetes (the replace block), so it reports that version.
+      local kver kminor
+      kver="$(awk '$1 == "replace" && $2 == "k8s.io/kubernetes" {print $5; exit}' go.mod)"
+      kminor="$(echo "$kver" | cut -d. -f2)"
+      go build -trimpath -ldflags "-s -w \
+        -X k8s.io/component-base/version.gitVersion=$kver \
+        -X k8s.io/component-base/version.gitMajor=1 \
+        -X k8s.io/component-base/version.gitMinor=$kminor" \
+        -o "$out/" sigs.k8s.io/scheduler-plugins/cmd/scheduler sigs.k8s.io/scheduler-plugins/cmd/controller
+      mv "$out/scheduler" "$out/scheduler-plugins-scheduler"
+      mv "$out/controller" "$out/scheduler-plugins-controller"
+      ;;
+    kueue)
+      go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$ver" \
+        -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
       ;;
   esac
 }

@@ -413,6 +413,20 @@ class LocalCluster:
         self._save_state()
         return popen
 
+    def stop_process(self, name: str, timeout: float = 10.0) -> None:
+        """Stop one process this object started (SIGTERM to its group, SIGKILL after ``timeout``)."""
+        proc = next((p for p in self._procs if p.name == name), None)
+        if proc is None:
+            raise ClusterError(f"{name!r} was not started by this process")
+        self._terminate(proc, timeout)
+        if proc.alive():
+            raise ClusterError(f"{name} (pid {proc.pid}) still running after SIGKILL")
+        self._procs.remove(proc)
+        self._launches.pop(name, None)
+        with contextlib.suppress(FileNotFoundError):
+            (self.pid_dir / f"{name}.pid").unlink()
+        self._save_state()
+
     def restart(self, name: str, *, graceful: bool = True, timeout: float = 10.0) -> subprocess.Popen[bytes]:
         """Stop one process this object started and start it again the same way: SIGTERM (then
         SIGKILL after ``timeout``), or at once with SIGKILL when not ``graceful`` (a crash)."""

@@ -10,7 +10,7 @@
 - ``api_config`` (session): server URL, CA, client cert/key paths for an aiohttp/ssl client.
 - ``namespace`` (function): a fresh namespace with its default ServiceAccount; deleted afterwards.
 - ``kwok_cluster`` (session): ``cluster``, skipping the test when KWOK is not available.
-- ``crds`` (session): the TrainingJob CRD (from crds/) and the PodGroup stand-ins, installed once.
+- ``crds`` (session): the TrainingJob CRD (from crds/) and both PodGroup CRDs, installed once.
 - ``operator`` (function): ``phalanx run`` as a subprocess watching the test's namespace.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from phalanx.api import crd
+from tests.cluster.crds import cluster_crds
 from tests.cluster.kube import Kubectl, find_kubectl
 from tests.cluster.localcluster import STATE_FILE, LocalCluster
 from tests.cluster.stop_on_exit import stopped_on_exit
@@ -158,14 +158,11 @@ def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[str]
             kubectl.delete("namespace", name, wait=False)
 
 
-CRD_FILES = [ROOT / "crds" / crd.CRD_FILE, *sorted((ROOT / "tests" / "fixtures" / "crds").glob("*.yaml"))]
-
-
 @pytest.fixture(scope="session")
 def crds(kubectl: Kubectl) -> list[str]:
-    """Install (server-side apply) our CRD and the PodGroup stand-ins once per session."""
+    """Install (server-side apply) our CRD and both PodGroup APIs once per session."""
     names = []
-    for path in CRD_FILES:
+    for path in cluster_crds():
         body = yaml.safe_load(path.read_text())
         kubectl.apply(body)
         names.append(body["metadata"]["name"])

@@ -94,6 +94,8 @@ def test_monitors_carry_additional_labels() -> None:
         ("create", "events", True),
         ("create", "podgroups.scheduling.volcano.sh", True),
         ("delete", "services", False),
+        ("watch", "workloads.kueue.x-k8s.io", True),
+        ("patch", "workloads.kueue.x-k8s.io", False),
     ],
 )
 def test_chart_rbac_is_least_privilege(

@@ -26,6 +26,7 @@ import yaml
 
 from phalanx.api import crd
 from phalanx.reconcile import naming
+from tests.cluster.crds import VOLCANO_STAND_IN
 from tests.cluster.faultproxy import FaultProxy, Request
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
@@ -471,12 +472,7 @@ def test_pods_deleted_while_the_operator_was_not_watching_are_forgotten_after_th
 @pytest.fixture
 def volcano_missing(kubectl: Kubectl, crds: list[str]) -> Iterator[dict[str, Any]]:
     """The Volcano PodGroup CRD is removed for the test and installed again afterwards."""
-    path = ROOT / "tests" / "fixtures" / "crds"
-    definition = next(
-        body
-        for body in (yaml.safe_load(f.read_text()) for f in sorted(path.glob("*.yaml")))
-        if body["spec"]["group"] == "scheduling.volcano.sh"
-    )
+    definition: dict[str, Any] = yaml.safe_load(VOLCANO_STAND_IN.read_text())
     kubectl.delete("crd", definition["metadata"]["name"])
     try:
         yield definition

@@ -18,6 +18,7 @@ from phalanx.reconcile import naming
 from phalanx.reconcile.observed import (
     Completion,
     Observed,
+    QueuedWorkload,
     Refusal,
     WorkerProgress,
     object_record,
@@ -56,6 +57,8 @@ class World:
         self.refusals: dict[str, Refusal] = {}  # creations the API server refused, by name
         self.foreign: set[tuple[str, str]] = set()  # names held by objects this job does not control
         self.missing_apis: dict[str, str] = {}
+        self.node_capacity = ""  # the fingerprint of what the nodes offer (NodeCache.capacity)
+        self.workload: QueuedWorkload | None = None  # what Kueue says about the current pod group
         self._uids = itertools.count(1)
         self.now = now
         self.plans: list[Plan] = []
@@ -84,6 +87,8 @@ class World:
             foreign=frozenset(self.foreign),
             refusals=dict(self.refusals),
             missing_apis=dict(self.missing_apis),
+            node_capacity=self.node_capacity,
+            workload=self.workload,
         )
 
     def plan(self) -> Plan:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from phalanx.reconcile import naming
+from phalanx.reconcile.observed import QueuedWorkload
 from phalanx.reconcile.plan import backoff_seconds
 from tests.unit.jobs import job
 from tests.unit.simulation import World
@@ -316,6 +317,70 @@ def test_podgroup_comes_before_pods() -> None:
     world.carry_out(plan)
     plan = world.reconcile()
     assert [obj["metadata"]["name"] for obj in plan.apply] == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+
+
+def test_a_waiting_coscheduling_gang_has_its_podgroup_touched_when_nodes_offer_more() -> None:
+    world = World(job(gpus={"count": 2}, gang={"scheduler": "scheduler-plugins"}))
+    world.node_capacity = "nodes-1"
+    world.settle()
+    group = ("PodGroup", naming.pod_group_name("demo"))
+    assert naming.NODE_CAPACITY_ANNOTATION not in world.objects[group]["metadata"]["annotations"]
+    for pod in world.workers():
+        world.unschedulable(pod["metadata"]["name"], "0/1 nodes are available: not enough nvidia.com/gpu")
+    world.settle()  # the gang waits: the PodGroup carries the nodes it was rejected on
+    assert world.objects[group]["metadata"]["annotations"][naming.NODE_CAPACITY_ANNOTATION] == "nodes-1"
+    assert world.reconcile().apply == ()
+    world.node_capacity = "nodes-2"  # a node came
+    applied = world.reconcile().apply
+    assert [obj["kind"] for obj in applied] == ["PodGroup"]  # an update: Coscheduling tries the gang again
+    assert applied[0]["metadata"]["annotations"][naming.NODE_CAPACITY_ANNOTATION] == "nodes-2"
+    assert applied[0]["spec"] == world.objects[group]["spec"]
+    world.run()
+    world.node_capacity = "nodes-3"  # once placed, node changes cost the PodGroup no writes
+    assert [obj["kind"] for obj in world.settle().apply] == []
+    assert world.objects[group]["metadata"]["annotations"][naming.NODE_CAPACITY_ANNOTATION] == "nodes-2"
+
+
+def test_a_gang_kueue_holds_says_so_in_kueues_words() -> None:
+    world = World(job(gang={"scheduler": "kueue", "queue": "team-a"}))
+    world.settle()
+    assert world.status["reason"] == "WorkersPending"  # no Workload yet
+    world.workload = QueuedWorkload(
+        name=naming.kueue_group_name("demo", 0),
+        admitted=False,
+        message="couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu",
+    )
+    world.reconcile()
+    assert (world.status["phase"], world.status["reason"]) == ("Pending", "Queued")
+    assert "LocalQueue team-a" in world.status["message"]
+    assert "insufficient unused quota for nvidia.com/gpu" in world.status["message"]
+    world.workload = QueuedWorkload(name=naming.kueue_group_name("demo", 0), admitted=True)
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running"
+
+
+def test_a_kueue_gang_is_never_refilled_and_a_new_size_is_a_new_group() -> None:
+    world = World(job(gang={"scheduler": "kueue", "queue": "team-a"}, workers={"min": 2, "max": 3, "desired": 3}))
+    world.settle()
+    world.run()
+    world.reconcile()
+    pods = world.workers()
+    assert {p["metadata"]["annotations"][naming.KUEUE_RETRIABLE_ANNOTATION] for p in pods} == {"false"}
+    world.terminate("demo-worker-2", 1)
+    world.settle()  # two survivors would do (min 2), but the group cannot take a replacement
+    assert (world.status["attempt"], world.status["restarts"]) == (1, 1)
+    world.advance(60)  # the backoff of a counted failure
+    world.settle()
+    groups = {p["metadata"]["labels"][naming.KUEUE_POD_GROUP_LABEL] for p in world.workers()}
+    assert groups == {naming.kueue_group_name("demo", 1)}
+    world.run()
+    world.reconcile()
+    world.body["spec"]["workers"]["desired"] = 2
+    world.settle()
+    assert (world.status["attempt"], world.status["restarts"], world.status["reason"]) == (2, 1, "WorkersPending")
+    sizes = {p["metadata"]["annotations"][naming.KUEUE_TOTAL_COUNT_ANNOTATION] for p in world.workers()}
+    assert sizes == {"2"} and len(world.workers()) == 2
 
 
 def test_deleting_children_never_resets_the_budget() -> None:

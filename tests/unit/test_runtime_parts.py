@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from phalanx import cli
-from phalanx.cluster.cache import ChildCache, JobCache, NodeCache
+from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, WorkloadCache
 from phalanx.cluster.client import resource_path
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.reconcile import naming
+from phalanx.reconcile.observed import QueuedWorkload
 from phalanx.worker import choose_backend
 
 
@@ -163,6 +165,77 @@ def test_node_cache_reports_readiness_changes() -> None:
     assert nodes.unready() == frozenset({"n1"})
     assert nodes.observe("MODIFIED", ready)
     assert nodes.unready() == frozenset()
+
+
+def node(name: str, gpus: int, *, ready: bool = True, **spec: Any) -> dict[str, Any]:
+    status = "True" if ready else "Unknown"
+    return {
+        "metadata": {"name": name, "resourceVersion": "1"},
+        "spec": spec,
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus), "pods": "110"},
+            "conditions": [{"type": "Ready", "status": status, "lastHeartbeatTime": "2026-12-01T00:00:00Z"}],
+        },
+    }
+
+
+def test_node_cache_fingerprints_what_schedulable_nodes_offer() -> None:
+    woken: list[str] = []
+    nodes = NodeCache(on_capacity=lambda: woken.append(nodes.capacity()))
+    assert nodes.capacity() == ""
+    nodes.observe("ADDED", node("n1", 8))
+    first = nodes.capacity()
+    assert first and woken == [first]
+    heartbeat = node("n1", 8)
+    heartbeat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-12-01T00:00:40Z"
+    nodes.observe("MODIFIED", heartbeat)  # nothing it offers changed
+    assert woken == [first]
+    nodes.observe("ADDED", node("n2", 8))
+    both = nodes.capacity()
+    assert both not in ("", first) and woken == [first, both]
+    nodes.observe("MODIFIED", node("n2", 8, ready=False))
+    assert nodes.capacity() == first  # an unready node offers nothing
+    nodes.observe("MODIFIED", node("n2", 8))
+    nodes.observe("MODIFIED", node("n2", 8, unschedulable=True))
+    assert nodes.capacity() == first  # nor does a cordoned one
+    nodes.observe("MODIFIED", node("n2", 8, taints=[{"key": "maintenance", "effect": "NoSchedule"}]))
+    tainted = nodes.capacity()
+    assert tainted not in (first, both)
+    nodes.observe("MODIFIED", node("n2", 8, taints=[{"key": "hint", "effect": "PreferNoSchedule"}]))
+    assert nodes.capacity() == both  # no bar to pods
+    nodes.observe("MODIFIED", node("n2", 4))
+    assert nodes.capacity() not in (first, both, tainted)
+    assert len(woken) == 8
+    nodes.pod_released()  # what a pod held is free again: a new fingerprint
+    assert len(woken) == 9 and woken[-1] not in woken[:-1]
+    nodes.observe("DELETED", node("n2", 4))
+    assert nodes.capacity() != both
+    nodes.replace("Node", None, [], "5")
+    assert nodes.capacity() == ""
+
+
+def test_workload_cache_follows_kueues_workloads_and_wakes_their_job() -> None:
+    woken: list[tuple[str, str]] = []
+    workloads = WorkloadCache(on_change=lambda namespace, name: woken.append((namespace, name)))
+    pending = {
+        "metadata": {"namespace": "ml", "name": "demo-a0"},
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "message": "insufficient quota"}]},
+    }
+    workloads.observe("ADDED", pending)
+    assert workloads.get("ml", "demo-a0") == QueuedWorkload("demo-a0", admitted=False, message="insufficient quota")
+    admitted = {**pending, "status": {"conditions": [{"type": "Admitted", "status": "True"}]}}
+    workloads.observe("MODIFIED", admitted)
+    workloads.observe("MODIFIED", admitted)  # no change, no wake-up
+    evicted = {
+        **pending,
+        "status": {"conditions": [{"type": "Evicted", "status": "True", "reason": "Preempted", "message": "by x"}]},
+    }
+    workloads.observe("MODIFIED", evicted)
+    assert workloads.get("ml", "demo-a0") == QueuedWorkload("demo-a0", admitted=False, evicted="Preempted")
+    workloads.replace("Workload", "ml", [], "7")
+    assert workloads.get("ml", "demo-a0") is None
+    assert woken == [("ml", "demo-a0")] * 4
+    assert naming.kueue_group_job("demo-a0") == "demo" and naming.kueue_group_job("other") is None
 
 
 def test_resource_paths() -> None:

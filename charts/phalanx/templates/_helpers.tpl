@@ -53,6 +53,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [scheduling.x-k8s.io, scheduling.volcano.sh]
   resources: [podgroups]
   verbs: [get, list, watch, create, patch]
+# Kueue's Workloads of the jobs' pod groups: read only, to say in status why a gang is queued.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch]
 # Events on TrainingJobs for phase changes, rescales, restarts and refusals.
 - apiGroups: [""]
   resources: [events]

@@ -1,4 +1,5 @@
-"""In-memory views of what the informers deliver: TrainingJobs, their children, unready nodes.
+"""In-memory views of what the informers deliver: TrainingJobs, their children, the nodes, Kueue's
+Workloads.
 
 Children are kept as compact records (see ``reconcile.observed``), indexed by the UID of the
 TrainingJob that controls them (their controller owner reference), never by name: a job deleted
@@ -16,6 +17,8 @@ snapshot) survives that list.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,10 +31,12 @@ from phalanx.reconcile.observed import (
     ObjectRecord,
     Observed,
     PodRecord,
+    QueuedWorkload,
     Refusal,
     WorkerProgress,
     object_record,
     pod_record,
+    queued_workload,
 )
 
 JobKey = tuple[str, str]
@@ -260,6 +265,15 @@ class ChildCache:
                     break
         return found
 
+    def jobs_waiting_for_nodes(self) -> set[JobKey]:
+        """Jobs with a worker the scheduler found no node for."""
+        return {
+            (pod.namespace, pod.owner_name)
+            for pods in self._pods.values()
+            for pod in pods.values()
+            if pod.unschedulable_message and pod.owner_name and not pod.deleting
+        }
+
     def jobs_in(self, namespace: str) -> set[JobKey]:
         """Jobs with pods in a namespace (to wake those a freed quota may help)."""
         return {
@@ -287,6 +301,8 @@ class ChildCache:
         completion: Completion | None = None,
         refusals: Mapping[str, Refusal] | None = None,
         missing_apis: Mapping[str, str] | None = None,
+        node_capacity: str = "",
+        workload: QueuedWorkload | None = None,
     ) -> Observed:
         return Observed(
             pods=self.pods_of(job_uid),
@@ -297,6 +313,8 @@ class ChildCache:
             foreign=self.foreign(namespace, job_name, job_uid),
             refusals=dict(refusals or {}),
             missing_apis=dict(missing_apis or {}),
+            node_capacity=node_capacity,
+            workload=workload,
         )
 
     def pod_count(self) -> int:
@@ -304,15 +322,24 @@ class ChildCache:
 
 
 class NodeCache:
-    """Names of nodes whose Ready condition is not True.
+    """Names of nodes whose Ready condition is not True, and a fingerprint of what the schedulable
+    nodes offer.
 
-    ``on_change(name)`` is called when a node's readiness changed or it was deleted.
+    ``on_change(name)`` is called when a node's readiness changed or it was deleted;
+    ``on_capacity()`` when what a schedulable node offers changed (a node came, went, became Ready
+    or schedulable, lost a taint, changed its allocatable) or a pod freed what it held.
     """
 
-    def __init__(self, on_change: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, on_change: Callable[[str], None] | None = None, on_capacity: Callable[[], None] | None = None
+    ) -> None:
         self._unready: set[str] = set()
         self._known: set[str] = set()
+        self._offers: dict[str, str] = {}  # schedulable node -> what it offers
+        self._released = 0  # pods that went away (their node's resources are free again)
+        self._fingerprint: str | None = None
         self._on_change = on_change
+        self._on_capacity = on_capacity
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
         """Fold one node event in; True when the node's readiness changed."""
@@ -330,10 +357,22 @@ class NodeCache:
             self._known.discard(name)
         else:
             self._known.add(name)
+        self._observe_offer(name, None if deleted or unready else _offer(body))
         changed = before != unready or deleted
         if changed and self._on_change is not None:
             self._on_change(name)
         return changed
+
+    def _observe_offer(self, name: str, offer: str | None) -> None:
+        if self._offers.get(name) == offer:
+            return
+        if offer is None:
+            del self._offers[name]
+        else:
+            self._offers[name] = offer
+        self._fingerprint = None
+        if self._on_capacity is not None:
+            self._on_capacity()
 
     def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str) -> None:
         listed = {obj["metadata"]["name"] for obj in objects}
@@ -344,3 +383,64 @@ class NodeCache:
 
     def unready(self) -> frozenset[str]:
         return frozenset(self._unready)
+
+    def pod_released(self) -> None:
+        """A pod went away: what it held on its node is free again."""
+        self._released += 1
+        self._fingerprint = None
+        if self._on_capacity is not None:
+            self._on_capacity()
+
+    def capacity(self) -> str:
+        """A short digest of what the schedulable nodes offer and of the pods that freed some of it
+        ("" when no node is known)."""
+        if self._fingerprint is None:
+            listing = json.dumps([sorted(self._offers.items()), self._released], separators=(",", ":"))
+            self._fingerprint = hashlib.sha256(listing.encode()).hexdigest()[:16] if self._offers else ""
+        return self._fingerprint
+
+
+def _offer(node: Mapping[str, Any]) -> str | None:
+    """What a Ready node offers pods, as a stable string; None when it takes no new pods."""
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return None
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    taints = sorted(
+        f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}"
+        for t in spec.get("taints") or []
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+    )
+    return json.dumps([sorted(allocatable.items()), taints], separators=(",", ":"))
+
+
+class WorkloadCache:
+    """Kueue's Workloads of pod groups, by namespace and name.
+
+    ``on_change(namespace, name)`` is called when one came, changed or went.
+    """
+
+    def __init__(self, on_change: Callable[[str, str], None] | None = None) -> None:
+        self._workloads: dict[tuple[str, str], QueuedWorkload] = {}
+        self._on_change = on_change
+
+    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        metadata = body["metadata"]
+        key = (metadata.get("namespace", ""), metadata["name"])
+        before = self._workloads.get(key)
+        if event_type == "DELETED":
+            self._workloads.pop(key, None)
+        else:
+            self._workloads[key] = queued_workload(body)
+        if self._workloads.get(key) != before and self._on_change is not None:
+            self._on_change(*key)
+
+    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str) -> None:
+        listed = {(obj["metadata"].get("namespace", ""), obj["metadata"]["name"]) for obj in objects}
+        for key in [k for k in self._workloads if namespace in (None, k[0]) and k not in listed]:
+            self.observe("DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
+        for obj in objects:
+            self.observe("ADDED", obj)
+
+    def get(self, namespace: str, name: str) -> QueuedWorkload | None:
+        return self._workloads.get((namespace, name))

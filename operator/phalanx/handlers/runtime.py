@@ -18,7 +18,7 @@ import kopf
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
 from phalanx.cluster.apply import Execution, RefusalMemory
-from phalanx.cluster.cache import ChildCache, JobCache, JobKey, NodeCache
+from phalanx.cluster.cache import ChildCache, JobCache, JobKey, NodeCache, WorkloadCache
 from phalanx.cluster.client import ApiClient, Credentials
 from phalanx.cluster.informer import Informer, Resource
 from phalanx.cluster.progress import ProgressPoller
@@ -35,6 +35,7 @@ SERVICES = Resource("v1", "services", "Service")
 COSCHEDULING_POD_GROUPS = Resource("scheduling.x-k8s.io/v1alpha1", "podgroups", "PodGroup")
 VOLCANO_POD_GROUPS = Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup")
 NODES = Resource("v1", "nodes", "Node", namespaced=False)
+KUEUE_WORKLOADS = Resource("kueue.x-k8s.io/v1beta2", "workloads", "Workload")
 
 
 def _decoded(data: str | bytes | None) -> bytes | None:
@@ -80,6 +81,7 @@ class Runtime:
     jobs: JobCache = field(default_factory=JobCache)
     children: ChildCache = field(default_factory=ChildCache)
     nodes: NodeCache = field(default_factory=NodeCache)
+    workloads: WorkloadCache = field(default_factory=WorkloadCache)
     refusals: RefusalMemory = field(default_factory=RefusalMemory)
     progress: ProgressPoller | None = None  # None when PHALANX_PROGRESS_INTERVAL_SECONDS is 0
     informers: list[Informer] = field(default_factory=list)
@@ -98,7 +100,8 @@ class Runtime:
         runtime = cls(client=client, queue=queue)
         runtime.jobs = JobCache(on_change=runtime._job_changed)
         runtime.children = ChildCache(on_change=runtime._child_changed, on_pod_gone=runtime._pod_gone)
-        runtime.nodes = NodeCache(on_change=runtime._node_changed)
+        runtime.nodes = NodeCache(on_change=runtime._node_changed, on_capacity=runtime._capacity_changed)
+        runtime.workloads = WorkloadCache(on_change=runtime._workload_changed)
         owned = naming.JOB_NAME_LABEL  # only our children cross the wire
         scopes: Sequence[str | None] = tuple(namespaces) if namespaces else (None,)
         for scope in scopes:
@@ -108,6 +111,7 @@ class Runtime:
                 (SERVICES, runtime.children, owned, False),
                 (COSCHEDULING_POD_GROUPS, runtime.children, owned, True),
                 (VOLCANO_POD_GROUPS, runtime.children, owned, True),
+                (KUEUE_WORKLOADS, runtime.workloads, None, True),  # named after our pod groups, not labelled
             ):
                 runtime.informers.append(
                     Informer(
@@ -151,12 +155,24 @@ class Runtime:
             self.queue.enqueue(key)
 
     def _pod_gone(self, namespace: str) -> None:
-        """A pod went away: quota it held may let a refused creation through now."""
+        """A pod went away: quota it held may let a refused creation through now, and what it held
+        on its node may let a waiting gang be placed."""
         for key in self.refusals.quota_freed(namespace):
             self.queue.enqueue(key)
+        self.nodes.pod_released()
 
     def _node_changed(self, name: str) -> None:
         for key in self.children.jobs_on_node(name):
+            self.queue.enqueue(key)
+
+    def _workload_changed(self, namespace: str, name: str) -> None:
+        job = naming.kueue_group_job(name)
+        if job is not None and self.jobs.get((namespace, job)) is not None:
+            self.queue.enqueue((namespace, job))
+
+    def _capacity_changed(self) -> None:
+        """Nodes offer something new: jobs waiting for nodes may be placed now."""
+        for key in self.children.jobs_waiting_for_nodes():
             self.queue.enqueue(key)
 
     def _informer_changed(self, informer: Informer) -> None:
@@ -190,6 +206,12 @@ class Runtime:
             completion=self.progress.completion(key) if self.progress is not None else None,
             refusals=self.refusals.of(job.metadata.uid),
             missing_apis=self.missing_apis(job.metadata.namespace),
+            node_capacity=self.nodes.capacity(),
+            workload=self.workloads.get(
+                job.metadata.namespace, naming.kueue_group_name(job.metadata.name, job.status.attempt)
+            )
+            if job.spec.gang.scheduler == "kueue"
+            else None,
         )
 
     def execution(self) -> Execution:

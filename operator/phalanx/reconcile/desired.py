@@ -315,6 +315,7 @@ def worker_pod(
         labels[naming.KUEUE_QUEUE_LABEL] = gang.queue or ""
         labels[naming.KUEUE_POD_GROUP_LABEL] = naming.kueue_group_name(job.metadata.name, attempt)
         annotations[naming.KUEUE_TOTAL_COUNT_ANNOTATION] = str(kueue_total or spec.workers.desired)
+        annotations[naming.KUEUE_RETRIABLE_ANNOTATION] = "false"
 
     return _finish(
         {
@@ -341,8 +342,11 @@ def _pod_requests(pod_spec: dict[str, Any]) -> dict[str, Decimal]:
     return total
 
 
-def pod_group(job: api.TrainingJob, launch: Launch) -> Object | None:
-    """The gang's PodGroup for scheduler-plugins or Volcano; None for other schedulers."""
+def pod_group(job: api.TrainingJob, launch: Launch, node_capacity: str | None = None) -> Object | None:
+    """The gang's PodGroup for scheduler-plugins or Volcano; None for other schedulers.
+
+    ``node_capacity`` is stamped on a coscheduling PodGroup (see ``naming.NODE_CAPACITY_ANNOTATION``).
+    """
     gang = job.spec.gang
     if gang.scheduler not in ("scheduler-plugins", "volcano"):
         return None
@@ -363,11 +367,12 @@ def pod_group(job: api.TrainingJob, launch: Launch) -> Object | None:
         priority = _template_spec(job).get("priorityClassName")
         if priority:
             spec["priorityClassName"] = priority
+    annotations = {naming.NODE_CAPACITY_ANNOTATION: node_capacity} if node_capacity else None
     return _finish(
         {
             "apiVersion": api_version,
             "kind": "PodGroup",
-            "metadata": _metadata(job, naming.pod_group_name(job.metadata.name)),
+            "metadata": _metadata(job, naming.pod_group_name(job.metadata.name), annotations=annotations),
             "spec": spec,
         }
     )

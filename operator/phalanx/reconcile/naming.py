@@ -35,7 +35,15 @@ VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+# Kueue waits for replacements of a retriable group's failed pods (holding its quota); phalanx
+# never replaces a pod within a Kueue group (each gang attempt is a new group), so its groups are
+# not retriable: once no pod of a group is active, Kueue finishes its Workload and frees the quota.
+KUEUE_RETRIABLE_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
 MULTUS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+# On a coscheduling PodGroup: a fingerprint of the nodes' capacity when its gang last waited for
+# nodes. Coscheduling retries a gang it rejected only on pod or PodGroup events, so a change here
+# (an update of the PodGroup) is what makes it try again as soon as capacity appears.
+NODE_CAPACITY_ANNOTATION = f"{PREFIX}/node-capacity"
 
 DEFAULT_SCHEDULER_NAMES: Mapping[str, str] = {
     "scheduler-plugins": "scheduler-plugins-scheduler",
@@ -61,6 +69,12 @@ def pod_group_name(job_name: str) -> str:
 def kueue_group_name(job_name: str, attempt: int) -> str:
     """Kueue pod groups are fixed-size, so every gang attempt is a new group."""
     return f"{job_name}-a{attempt}"
+
+
+def kueue_group_job(group_name: str) -> str | None:
+    """The job a Kueue pod group (and its Workload, named alike) belongs to, if it is one of ours."""
+    job, _, attempt = group_name.rpartition("-a")
+    return job if job and attempt.isdigit() else None
 
 
 def rendezvous_endpoint(job_name: str, namespace: str, port: int) -> str:

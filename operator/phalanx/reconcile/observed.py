@@ -65,6 +65,20 @@ class ObjectRecord:
     spec_hash: str | None = None
     phase: str | None = None
     uid: str = ""
+    node_capacity: str | None = None
+    """A PodGroup's ``phalanx.dev/node-capacity`` annotation."""
+
+
+@dataclass(frozen=True)
+class QueuedWorkload:
+    """What Kueue says about the Workload of a job's pod group (named like the group)."""
+
+    name: str
+    admitted: bool
+    message: str = ""
+    """Why it is not admitted yet, in Kueue's words (its QuotaReserved condition)."""
+    evicted: str | None = None
+    """The reason of its Evicted condition (Preempted, PodsReadyTimeout, ...), when true."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,10 @@ class Observed:
     """By child name: creations the API server refused for a reason that may pass."""
     missing_apis: Mapping[str, str] = field(default_factory=dict)
     """API (e.g. ``scheduling.x-k8s.io/v1alpha1 podgroups``) -> why the operator cannot use it."""
+    node_capacity: str = ""
+    """Fingerprint of the schedulable nodes' capacity ("" when nodes are not watched)."""
+    workload: QueuedWorkload | None = None
+    """Kueue's Workload for the current attempt's pod group (gang.scheduler kueue)."""
 
     def workers(self) -> list[PodRecord]:
         """Worker pods, any attempt."""
@@ -217,10 +235,26 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
 def object_record(obj: Mapping[str, Any]) -> ObjectRecord:
     """Project a Service or PodGroup onto an ObjectRecord."""
     metadata = obj.get("metadata", {})
+    annotations = metadata.get("annotations") or {}
     return ObjectRecord(
         kind=obj.get("kind", ""),
         name=metadata.get("name", ""),
-        spec_hash=(metadata.get("annotations") or {}).get(naming.SPEC_HASH_ANNOTATION),
+        spec_hash=annotations.get(naming.SPEC_HASH_ANNOTATION),
         phase=(obj.get("status") or {}).get("phase"),
         uid=metadata.get("uid", ""),
+        node_capacity=annotations.get(naming.NODE_CAPACITY_ANNOTATION),
+    )
+
+
+def queued_workload(obj: Mapping[str, Any]) -> QueuedWorkload:
+    """Project a Kueue Workload (kueue.x-k8s.io/v1beta2) onto a QueuedWorkload."""
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    admitted = _condition(conditions, "Admitted") or {}
+    reserved = _condition(conditions, "QuotaReserved") or {}
+    evicted = _condition(conditions, "Evicted") or {}
+    return QueuedWorkload(
+        name=(obj.get("metadata") or {}).get("name", ""),
+        admitted=admitted.get("status") == "True",
+        message=str(reserved.get("message") or admitted.get("message") or ""),
+        evicted=str(evicted.get("reason")) if evicted.get("status") == "True" else None,
     )

@@ -227,11 +227,23 @@ class _Pass:
         try:
             launch = resolve_launch(self.spec)
             store = desired.rendezvous_store_pod(self.job, launch)
-            group = desired.pod_group(self.job, launch)
+            group = desired.pod_group(self.job, launch, self.node_capacity_stamp())
             service = desired.rendezvous_service(self.job)
             return self.run_with(launch, store, group, service)
         except PlanningError as error:
             return self.invalid(str(error))
+
+    def node_capacity_stamp(self) -> str | None:
+        """What the coscheduling PodGroup carries in ``phalanx.dev/node-capacity``: while a worker
+        waits for a node it follows the nodes, so that new capacity updates the PodGroup and the
+        scheduler tries the gang again at once; otherwise it stays as it was (no needless writes)."""
+        if self.spec.gang.scheduler != "scheduler-plugins":
+            return None
+        record = self.observed.objects.get(("PodGroup", naming.pod_group_name(self.job.metadata.name)))
+        waiting = any(pod.unschedulable_message and not pod.deleting for pod in self.observed.workers())
+        if waiting and self.observed.node_capacity:
+            return self.observed.node_capacity
+        return record.node_capacity if record is not None else None
 
     def wind_down(self, completed: datetime) -> None:
         """After success the other workers are finishing too (and may still need the store for
@@ -334,6 +346,9 @@ class _Pass:
         if group is not None and not self.observed.has("PodGroup", group["metadata"]["name"]):
             return PhaseView("Pending", "WaitingForPodGroup", "waiting for the PodGroup to exist")
 
+        resized = self.kueue_group_resized(current)
+        if resized is not None:
+            return self.gang_restart(current, [], store_lost=False, cause=resized)
         self.scale(launch, current)
         return self.running_phase(current, store_pod)
 
@@ -376,17 +391,24 @@ class _Pass:
             self.remove(store)
             store_gone = False
         store_lost = bool(current) and store_gone
-        # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing.
+        # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing;
+        # a kubelet marks them Failed before they go, so "finished" does not tell them apart from
+        # pods this operator removed: those were recorded as handled (or are beyond desired).
         deleted = [
             pod
             for pod in current
-            if pod.deleting and not pod.finished and pod.index is not None and pod.index < self.spec.workers.desired
+            if pod.deleting
+            and not self.already_counted(pod)
+            and pod.index is not None
+            and pod.index < self.spec.workers.desired
         ]
         if not failures and not store_lost and not deleted:
             return None
         failed = {pod.name for pod, _ in failures}
         survivors = [pod for pod in current if pod.active and pod.name not in failed and not self.already_counted(pod)]
-        if store_lost or len(survivors) < self.spec.workers.min:
+        # A Kueue pod group has a fixed size and is never refilled: losing a worker ends it.
+        fixed_group = self.spec.gang.scheduler == "kueue"
+        if store_lost or len(survivors) < self.spec.workers.min or fixed_group:
             return self.gang_restart(current, failures, store_lost=store_lost)
         if not failures:
             return None  # enough survivors: the deleted workers' slots are refilled once they are gone
@@ -410,15 +432,29 @@ class _Pass:
         return None
 
     def gang_restart(
-        self, current: list[PodRecord], failures: list[tuple[PodRecord, Failure]], *, store_lost: bool
+        self,
+        current: list[PodRecord],
+        failures: list[tuple[PodRecord, Failure]],
+        *,
+        store_lost: bool,
+        cause: Failure | None = None,
     ) -> PhaseView:
         store = self.observed.store()
-        if failures:
+        if cause is not None:
+            failure = cause
+        elif failures:
             counted = [failure for _, failure in failures if failure.counted]
             failure = counted[0] if counted else failures[0][1]
         elif store_lost:
             failure = Failure(
                 "RendezvousStoreLost", counted=False, action="replace", message="the rendezvous store pod was lost"
+            )
+        elif (workload := self.observed.workload) is not None and workload.evicted:
+            failure = Failure(  # Kueue deletes an evicted or preempted group's pods
+                "Evicted",
+                counted=False,
+                action="replace",
+                message=f"Kueue evicted Workload {workload.name} ({workload.evicted}); the gang is queued again",
             )
         else:
             failure = Failure(
@@ -449,11 +485,29 @@ class _Pass:
         )
         if store_lost:
             message = f"{failure.message}; restarting the gang as attempt {self.memory.attempt}"
+        elif self.spec.gang.scheduler == "kueue":
+            message = f"{failure.message}; restarting the gang as attempt {self.memory.attempt} (a new Kueue pod group)"
         if wait:
             message += f" after {wait}s"
             self.requeue.append(float(wait))
         self.events.append(Event("Warning", "GangRestart", message))
         return PhaseView("Restarting", failure.reason, message)
+
+    def kueue_group_resized(self, current: list[PodRecord]) -> Failure | None:
+        """A Kueue pod group keeps the size it was admitted with: a new workers.desired needs a
+        new group, so the gang restarts (not counted) as one of the new size."""
+        if self.spec.gang.scheduler != "kueue":
+            return None
+        sizes = {pod.group_total for pod in current if pod.active and pod.group_total is not None}
+        wanted = self.spec.workers.desired
+        if not sizes or sizes == {wanted}:
+            return None
+        return Failure(
+            "Rescaling",
+            counted=False,
+            action="replace",
+            message=f"workers.desired is {wanted} and a Kueue pod group of {max(sizes)} cannot change its size",
+        )
 
     def scale(self, launch: Launch, current: list[PodRecord]) -> None:
         spec = self.spec
@@ -510,6 +564,14 @@ class _Pass:
             if len(active) == wanted and len(ready) == wanted:
                 return PhaseView("Running", "WorkersReady", f"{len(ready)} worker(s) training")
             return PhaseView("Rescaling", "Rescaling", f"{len(ready)} worker(s) training, converging to {wanted}")
+        workload = self.observed.workload
+        if workload is not None and not workload.admitted and active:
+            why = f": {workload.message}" if workload.message else ""
+            return PhaseView(
+                "Pending",
+                "Queued",
+                f"Kueue holds the gang in LocalQueue {self.spec.gang.queue} (Workload {workload.name}){why}",
+            )
         if any(pod.scheduled for pod in active):
             return PhaseView("Starting", "WorkersStarting", f"{len(ready)} of at least {minimum} worker(s) ready")
         unschedulable = next((pod.unschedulable_message for pod in active if pod.unschedulable_message), None)

@@ -1,0 +1,23 @@
+"""The CustomResourceDefinitions the cluster tiers install: phalanx's own, the coscheduling
+PodGroup from the scheduler-plugins module download (the one its binaries are built from), and a
+stand-in for Volcano's PodGroup (Volcano's module is not served by the Go module proxy here; the
+stand-in follows its published CRD)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from phalanx.api import crd
+from tests.cluster import binaries
+
+ROOT = Path(__file__).resolve().parents[2]
+VOLCANO_STAND_IN = ROOT / "tests" / "fixtures" / "crds" / "podgroups.scheduling.volcano.sh.yaml"
+
+
+def coscheduling_crd() -> Path:
+    return binaries.module_source("scheduler-plugins") / "manifests" / "coscheduling" / "crd.yaml"
+
+
+def cluster_crds() -> list[Path]:
+    """What the operator's tiers need installed: TrainingJob and both PodGroup APIs."""
+    return [ROOT / "crds" / crd.CRD_FILE, coscheduling_crd(), VOLCANO_STAND_IN]

@@ -1,0 +1,391 @@
+"""Gang scheduling with real schedulers on KWOK GPU nodes (marker ``gang``).
+
+scheduler-plugins' scheduler runs a Coscheduling profile beside the cluster's default scheduler
+(tests/cluster/gang.py). Each test gets its own node pool whose nodes alone offer the extended
+resource ``gang.phalanx.dev/gpu``, so the GPUs free in the cluster are exactly the ones the test
+created (Coscheduling checks a gang's minResources against the whole cluster).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+
+from phalanx.reconcile import naming
+from tests.cluster.gang import COSCHEDULING_SCHEDULER_NAME, KUEUE_NAMESPACE_LABEL, Coscheduling, Kueue
+from tests.cluster.kube import Kubectl
+from tests.cluster.localcluster import LocalCluster
+from tests.integration.operator_process import OperatorProcess
+from tests.integration.scenario import POOL_LABEL, TRAINER, wait_status
+from tests.unit.jobs import manifest
+
+pytestmark = [pytest.mark.integration, pytest.mark.gang]
+
+GANG_GPU = "gang.phalanx.dev/gpu"
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
+
+
+class NodePool:
+    """KWOK nodes of one test, offering ``GANG_GPU``; deleted with the test."""
+
+    def __init__(self, cluster: LocalCluster, kubectl: Kubectl) -> None:
+        self.cluster = cluster
+        self.kubectl = kubectl
+        self.name = f"gang-{uuid.uuid4().hex[:6]}"
+        self.nodes: list[str] = []
+
+    def add(self, count: int, gpus: int = 8) -> list[str]:
+        names = self.cluster.add_gpu_nodes(
+            count, gpus_per_node=gpus, resource=GANG_GPU, labels={POOL_LABEL: self.name}, name_prefix=f"{self.name}-"
+        )
+        self.nodes += names
+        return names
+
+    def delete(self) -> None:
+        for node in self.nodes:
+            self.kubectl.delete("node", node, wait=False)
+
+
+@pytest.fixture(scope="module")
+def coscheduling(kwok_cluster: LocalCluster) -> Iterator[Coscheduling]:
+    component = Coscheduling(kwok_cluster).start()
+    try:
+        yield component
+    finally:
+        component.stop()
+
+
+@pytest.fixture
+def pool(kwok_cluster: LocalCluster, kubectl: Kubectl) -> Iterator[NodePool]:
+    nodes = NodePool(kwok_cluster, kubectl)
+    try:
+        yield nodes
+    finally:
+        nodes.delete()
+
+
+def gang_job(
+    kubectl: Kubectl,
+    namespace: str,
+    name: str,
+    pool: NodePool,
+    *,
+    workers: int,
+    gpus: int,
+    scheduler: str = "scheduler-plugins",
+    minimum: int | None = None,
+    maximum: int | None = None,
+    gates: list[dict[str, str]] | None = None,
+    priority_class: str | None = None,
+    **gang: Any,
+) -> None:
+    body = manifest(
+        workers={"min": minimum or workers, "max": maximum or workers, "desired": workers},
+        gpus={"count": gpus, "resource": GANG_GPU},
+        gang={"scheduler": scheduler, **gang},
+        failurePolicy={"maxRestarts": 3, "backoffSeconds": 1, "maxBackoffSeconds": 2},
+        template={"spec": {"containers": [TRAINER], "nodeSelector": {POOL_LABEL: pool.name}}},
+    )
+    if gates:
+        body["spec"]["template"]["spec"]["schedulingGates"] = gates
+    if priority_class:
+        body["spec"]["template"]["spec"]["priorityClassName"] = priority_class
+    body["metadata"] = {"name": name}
+    kubectl.create(body, namespace=namespace)
+
+
+def job_workers(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    return kubectl.list("pods", namespace, naming.worker_selector(name))
+
+
+def created(kubectl: Kubectl, namespace: str, name: str, count: int) -> bool:
+    return len(job_workers(kubectl, namespace, name)) == count
+
+
+def bound(pods: list[dict[str, Any]]) -> int:
+    return sum(1 for pod in pods if pod["spec"].get("nodeName"))
+
+
+def test_coscheduling_binds_a_gang_all_or_nothing_and_at_once_when_capacity_appears(
+    kubectl: Kubectl, namespace: str, coscheduling: Coscheduling, pool: NodePool, operator: OperatorProcess
+) -> None:
+    pool.add(2)  # 16 GPUs for a gang of 3 x 8
+    gang_job(kubectl, namespace, "big", pool, workers=3, gpus=8)
+    kubectl.wait_for(lambda: len(job_workers(kubectl, namespace, "big")) == 3, timeout=30, what="3 workers created")
+    pods = job_workers(kubectl, namespace, "big")
+    assert {pod["spec"]["schedulerName"] for pod in pods} == {COSCHEDULING_SCHEDULER_NAME}
+    state = wait_status(
+        kubectl, namespace, lambda s: s.get("reason") == "Unschedulable", "the job says why its gang waits", name="big"
+    )
+    print(f"waiting gang: {state['phase']} {state['reason']}: {state['message']}")
+    assert state["phase"] == "Pending"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # no partial allocation, however long it waits
+        assert bound(job_workers(kubectl, namespace, "big")) == 0
+        time.sleep(0.5)
+
+    added = time.monotonic()
+    pool.add(1)
+    kubectl.wait_for(
+        lambda: bound(job_workers(kubectl, namespace, "big")) == 3, timeout=30, what="the whole gang bound"
+    )
+    print(f"gang bound {time.monotonic() - added:.1f}s after the node was added")
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "the job Running", name="big")
+
+
+ARRIVAL_GATE = "phalanx.dev/test-arrival"
+
+
+def ungate(kubectl: Kubectl, namespace: str, pod: str) -> None:
+    kubectl.run("patch", "pod", pod, f"--namespace={namespace}", "--type=json",
+                "--patch", '[{"op": "remove", "path": "/spec/schedulingGates"}]')  # fmt: skip
+
+
+@pytest.mark.parametrize("scheduler", ["none", "scheduler-plugins"])
+def test_two_gangs_that_fit_one_at_a_time_deadlock_without_gang_scheduling_and_take_turns_with_it(
+    kubectl: Kubectl,
+    kwok_cluster: LocalCluster,
+    namespace: str,
+    coscheduling: Coscheduling,
+    pool: NodePool,
+    operator: OperatorProcess,
+    scheduler: str,
+) -> None:
+    """Two 2 x 8-GPU jobs on 16 GPUs. Their pods reach the scheduler interleaved (a test gate on
+    each is lifted in the order a0, b0, a1, b1), as when two jobs are submitted at once."""
+    pool.add(2)
+    for name in ("a", "b"):
+        gang_job(kubectl, namespace, name, pool, workers=2, gpus=8, scheduler=scheduler,
+                 gates=[{"name": ARRIVAL_GATE}])  # fmt: skip
+    for name in ("a", "b"):
+        kubectl.wait_for(partial(created, kubectl, namespace, name, 2), timeout=30, what=f"{name}'s pods")
+    for index in (0, 1):
+        for name in ("a", "b"):
+            ungate(kubectl, namespace, naming.worker_pod_name(name, index))
+            time.sleep(0.5)  # the scheduler takes each pod before the next arrives
+    time.sleep(5)
+    held = {name: bound(job_workers(kubectl, namespace, name)) for name in ("a", "b")}
+    phases = {name: wait_status(kubectl, namespace, bool, f"{name}'s status", name=name)["phase"] for name in held}
+    print(f"{scheduler}: bound {held}, phases {phases}")
+    if scheduler == "none":
+        assert held == {"a": 1, "b": 1}  # each holds 8 GPUs and neither reaches workers.min: a deadlock
+        assert "Running" not in phases.values()
+        kubectl.delete("tj", "b", namespace=namespace, wait=False)  # only someone's intervention ends it
+        wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "a Running once b is gone", 60, name="a")
+        finish(kwok_cluster, kubectl, namespace, "a")
+        wait_status(kubectl, namespace, lambda s: s.get("phase") == "Succeeded", "a Succeeded", 60, name="a")
+        return
+    assert sorted(held.values()) == [0, 2]  # one gang whole, the other waits whole
+    first, second = ("a", "b") if held["a"] == 2 else ("b", "a")
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", f"{first} Running", 30, name=first)
+    finish(kwok_cluster, kubectl, namespace, first)
+    done = time.monotonic()
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Succeeded", f"{first} Succeeded", 60, name=first)
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", f"{second} Running", 60, name=second)
+    print(f"{second} Running {time.monotonic() - done:.1f}s after {first} finished")
+    finish(kwok_cluster, kubectl, namespace, second)
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Succeeded", f"{second} Succeeded", 60, name=second)
+
+
+def uid_by_name(pods: list[dict[str, Any]]) -> dict[str, str]:
+    return {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in pods if pod["spec"].get("nodeName")}
+
+
+def test_a_coscheduled_gang_grows_to_max_refills_a_lost_worker_and_restarts_as_a_new_gang(
+    kubectl: Kubectl,
+    kwok_cluster: LocalCluster,
+    namespace: str,
+    coscheduling: Coscheduling,
+    pool: NodePool,
+    operator: OperatorProcess,
+) -> None:
+    pool.add(4)
+    gang_job(kubectl, namespace, "elastic", pool, workers=2, gpus=8, minimum=2, maximum=4)
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running at 2", 30, name="elastic")
+    group = kubectl.get("podgroups.scheduling.x-k8s.io", naming.pod_group_name("elastic"), namespace)
+    assert group is not None and group["spec"]["minMember"] == 2  # the gang's minimum is workers.min
+
+    kubectl.run("patch", "tj", "elastic", f"--namespace={namespace}", "--type=merge",
+                "--patch", '{"spec": {"workers": {"desired": 4}}}')  # fmt: skip
+    kubectl.wait_for(lambda: bound(job_workers(kubectl, namespace, "elastic")) == 4, timeout=30, what="grown to 4")
+    before = uid_by_name(job_workers(kubectl, namespace, "elastic"))
+
+    lost = naming.worker_pod_name("elastic", 3)
+    kwok_cluster.finish_pod(namespace, lost, 1)
+    kubectl.wait_for(
+        lambda: (
+            (now := uid_by_name(job_workers(kubectl, namespace, "elastic"))).get(lost) not in (None, before[lost])
+            and len(now) == 4
+        ),
+        timeout=30,
+        what="the lost worker's replacement bound into the running gang",
+    )
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running at 4", 30, name="elastic")
+    assert (state["attempt"], state["restarts"]) == (0, 1), state
+
+    kubectl.delete("pod", naming.rendezvous_name("elastic"), namespace=namespace, wait=False)  # a gang restart
+    state = wait_status(
+        kubectl, namespace, lambda s: s.get("phase") == "Running" and s.get("attempt") == 1, "attempt 1 Running", 60,
+        name="elastic",
+    )  # fmt: skip
+    pods = job_workers(kubectl, namespace, "elastic")
+    assert bound(pods) == 4 and {pod["metadata"]["labels"][naming.ATTEMPT_LABEL] for pod in pods} == {"1"}
+
+
+# -- Kueue ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kueue(kwok_cluster: LocalCluster) -> Iterator[Kueue]:
+    component = Kueue(kwok_cluster).start()
+    try:
+        yield component
+    finally:
+        component.stop()
+
+
+@pytest.fixture
+def local_queue(kubectl: Kubectl, namespace: str, kueue: Kueue) -> Iterator[str]:
+    """A LocalQueue in the test's namespace (which Kueue then manages) on a ClusterQueue of 16 GPUs."""
+    kubectl.label("namespace", namespace, {KUEUE_NAMESPACE_LABEL: "true"})
+    suffix = uuid.uuid4().hex[:6]
+    flavor, cluster_queue = f"gpu-{suffix}", f"gpus-{suffix}"
+    resources = {"cpu": "1000", "memory": "10Ti", GANG_GPU: "16"}
+    objects = [
+        {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue},
+            "spec": {
+                "namespaceSelector": {},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": list(resources),
+                        "flavors": [
+                            {
+                                "name": flavor,
+                                "resources": [{"name": k, "nominalQuota": v} for k, v in resources.items()],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "LocalQueue",
+            "metadata": {"name": "team", "namespace": namespace},
+            "spec": {"clusterQueue": cluster_queue},
+        },
+    ]
+    for obj in objects:
+        kubectl.apply(obj)
+    try:
+        yield "team"
+    finally:
+        kubectl.delete("localqueue.kueue.x-k8s.io", "team", namespace=namespace, wait=False)
+        kubectl.delete("clusterqueue.kueue.x-k8s.io", cluster_queue, wait=False)
+        kubectl.delete("resourceflavor.kueue.x-k8s.io", flavor, wait=False)
+
+
+def gated(pods: list[dict[str, Any]]) -> int:
+    return sum(1 for pod in pods if pod["spec"].get("schedulingGates"))
+
+
+def finish(cluster: LocalCluster, kubectl: Kubectl, namespace: str, name: str) -> None:
+    for pod in job_workers(kubectl, namespace, name):
+        cluster.finish_pod(namespace, pod["metadata"]["name"], 0)
+
+
+def test_kueue_admits_gangs_whole_and_in_order_and_a_deleted_job_frees_its_quota(
+    kubectl: Kubectl,
+    kwok_cluster: LocalCluster,
+    namespace: str,
+    pool: NodePool,
+    local_queue: str,
+    operator: OperatorProcess,
+) -> None:
+    pool.add(4)  # 32 GPUs: the ClusterQueue's 16 are the limit
+    gang_job(kubectl, namespace, "first", pool, workers=2, gpus=8, scheduler="kueue", queue=local_queue)
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "first Running", 60, name="first")
+    first = job_workers(kubectl, namespace, "first")
+    assert all(pod["metadata"]["labels"].get("kueue.x-k8s.io/managed") == "true" for pod in first)  # the webhook ran
+
+    gang_job(kubectl, namespace, "second", pool, workers=2, gpus=8, scheduler="kueue", queue=local_queue)
+    state = wait_status(
+        kubectl,
+        namespace,
+        lambda s: s.get("reason") == "Queued" and "insufficient unused quota" in s.get("message", ""),
+        "second Queued, in Kueue's words",
+        60,
+        name="second",
+    )
+    print(f"queued gang: {state['message']}")
+    assert state["phase"] == "Pending", state
+    second = job_workers(kubectl, namespace, "second")
+    assert len(second) == 2 and gated(second) == 2 and bound(second) == 0  # held whole
+
+    deleted = time.monotonic()
+    kubectl.delete("tj", "first", namespace=namespace, wait=False)
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "second Running", 60, name="second")
+    print(f"second Running {time.monotonic() - deleted:.1f}s after first was deleted")
+    kubectl.wait_for(lambda: not job_workers(kubectl, namespace, "first"), timeout=30, what="first's pods gone")
+    finish(kwok_cluster, kubectl, namespace, "second")
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Succeeded", "second Succeeded", 60, name="second")
+
+
+@pytest.fixture
+def priorities(kubectl: Kubectl) -> Iterator[tuple[str, str]]:
+    suffix = uuid.uuid4().hex[:6]
+    names = (f"low-{suffix}", f"high-{suffix}")
+    for name, value in zip(names, (100, 1000), strict=True):
+        kubectl.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name},
+                       "value": value})  # fmt: skip
+    try:
+        yield names
+    finally:
+        for name in names:
+            kubectl.delete("priorityclass", name, wait=False)
+
+
+def test_a_gang_kueue_preempts_is_not_counted_and_resumes_when_admitted_again(
+    kubectl: Kubectl,
+    kwok_cluster: LocalCluster,
+    namespace: str,
+    pool: NodePool,
+    local_queue: str,
+    priorities: tuple[str, str],
+    operator: OperatorProcess,
+) -> None:
+    low, high = priorities
+    pool.add(4)
+    gang_job(kubectl, namespace, "low", pool, workers=2, gpus=8, scheduler="kueue", queue=local_queue,
+             priority_class=low)  # fmt: skip
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "low Running", 60, name="low")
+    gang_job(kubectl, namespace, "high", pool, workers=2, gpus=8, scheduler="kueue", queue=local_queue,
+             priority_class=high)  # fmt: skip
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "high Running", 60, name="high")
+    state = wait_status(
+        kubectl,
+        namespace,
+        lambda s: s.get("attempt") == 1 and s.get("reason") == "Queued",
+        "low preempted and queued again as a new group",
+        60,
+        name="low",
+    )
+    assert state["restarts"] == 0, state  # a preemption costs no budget
+    events = [e for e in kubectl.list("events", namespace) if e.get("reason") == "GangRestart"]
+    assert any("Kueue evicted Workload low-a0" in e.get("message", "") for e in events), events
+    finish(kwok_cluster, kubectl, namespace, "high")
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Succeeded", "high Succeeded", 60, name="high")
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "low admitted again", 60, name="low")
+    finish(kwok_cluster, kubectl, namespace, "low")
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Succeeded", "low Succeeded", 60, name="low")
+    assert state["restarts"] == 0, state
