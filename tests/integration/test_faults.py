@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import http.server
 import json
 import pathlib
 import threading
@@ -53,6 +52,7 @@ from tests.integration.scenario import (
     workers,
 )
 from tests.unit.jobs import manifest
+from tests.unit.text_page import TextPage
 
 pytestmark = pytest.mark.integration
 
@@ -338,33 +338,6 @@ def test_a_foreign_pod_with_a_workers_name_is_left_alone_and_reported(
 # -- 7: hostile metrics endpoints ----------------------------------------------------------------
 
 
-class MetricsPage:
-    """A worker metrics endpoint on this host whose text a test changes."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        page = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = page.text.encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = int(self.server.server_address[1])
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture(scope="module")
 def loopback_nodes(kwok_cluster: LocalCluster, kubectl: Kubectl) -> list[str]:
     """KWOK nodes at 127.0.0.1: host-network pods on them are reachable at ports this test serves."""
@@ -411,7 +384,7 @@ def world_size_page(size: int) -> str:
 def test_one_pod_serving_absurd_metrics_never_stops_progress_for_the_others(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, loopback_nodes: list[str]
 ) -> None:
-    good, bad = MetricsPage(world_size_page(2)), MetricsPage(world_size_page(1))
+    good, bad = TextPage(world_size_page(2)), TextPage(world_size_page(1))
     try:
         loopback_job(kubectl, namespace, "good", good.port)
         loopback_job(kubectl, namespace, "bad", bad.port)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import http.server
 import socket
-import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,6 +17,7 @@ from phalanx.reconcile.plan import status_changed
 from phalanx.worker.metrics import WorkerMetrics
 from tests.unit.jobs import job
 from tests.unit.simulation import START, World
+from tests.unit.text_page import TextPage
 
 
 def served(world_size: int, checkpoint: int | None) -> WorkerMetrics:
@@ -164,27 +163,9 @@ def test_a_worker_that_does_not_answer_costs_only_its_fields() -> None:
     assert woken == [] and poller.get(("ml", "demo")) is None
 
 
-def serve_text(text: str) -> int:
-    """A metrics endpoint that serves ``text`` (what a broken or hostile pod might serve)."""
-
-    class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = text.encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return int(server.server_address[1])
-
-
 def test_one_pod_serving_garbage_costs_only_its_own_job_and_the_poller_goes_on() -> None:
-    good_port, bad_port = free_port(), serve_text(GARBAGE[0])
+    bad_page = TextPage(GARBAGE[0])
+    good_port, bad_port = free_port(), bad_page.port
     served(4, 10).serve(good_port)
     jobs, children = JobCache(), ChildCache()
     woken: list[tuple[str, str]] = []
@@ -216,7 +197,8 @@ def test_one_pod_serving_garbage_costs_only_its_own_job_and_the_poller_goes_on()
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    asyncio.run(a_few_rounds())
+    with bad_page:
+        asyncio.run(a_few_rounds())
     assert woken.count(("ml", "demo")) == 1  # the good job's progress arrived once, unchanged since
     good = poller.get(("ml", "demo"))
     assert good is not None and good.world_size == 4
