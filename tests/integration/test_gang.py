@@ -39,9 +39,14 @@ class NodePool:
         self.name = f"gang-{uuid.uuid4().hex[:6]}"
         self.nodes: list[str] = []
 
-    def add(self, count: int, gpus: int = 8) -> list[str]:
+    def add(self, count: int, gpus: int = 8, **node: Any) -> list[str]:
         names = self.cluster.add_gpu_nodes(
-            count, gpus_per_node=gpus, resource=GANG_GPU, labels={POOL_LABEL: self.name}, name_prefix=f"{self.name}-"
+            count,
+            gpus_per_node=gpus,
+            resource=GANG_GPU,
+            labels={POOL_LABEL: self.name},
+            name_prefix=f"{self.name}-{len(self.nodes)}-",
+            **node,
         )
         self.nodes += names
         return names
@@ -235,6 +240,40 @@ def test_a_coscheduled_gang_grows_to_max_refills_a_lost_worker_and_restarts_as_a
     )  # fmt: skip
     pods = job_workers(kubectl, namespace, "elastic")
     assert bound(pods) == 4 and {pod["metadata"]["labels"][naming.ATTEMPT_LABEL] for pod in pods} == {"1"}
+
+
+def test_schedule_timeout_seconds_is_how_long_coscheduling_holds_a_partly_placed_gang(
+    kubectl: Kubectl, namespace: str, coscheduling: Coscheduling, pool: NodePool, operator: OperatorProcess
+) -> None:
+    """Eleven 1-GPU workers; one node takes eleven pods (the rendezvous store is one of them), the
+    other is tainted. Resources suffice on paper (Coscheduling's check ignores taints), ten workers
+    are placed and wait for the eleventh, and one missing of eleven is within Coscheduling's 10%
+    tolerance, so only the timeout ends it."""
+    pool.add(1, gpus=16, pods="11")
+    pool.add(1, gpus=16, taints=[{"key": "phalanx.dev/test-reserved", "effect": "NoSchedule"}])
+    started = time.monotonic()
+    gang_job(kubectl, namespace, "partial", pool, workers=11, gpus=1, scheduleTimeoutSeconds=8)
+    group = kubectl.wait_for(
+        partial(kubectl.get, "podgroups.scheduling.x-k8s.io", naming.pod_group_name("partial"), namespace),
+        timeout=30,
+        what="the PodGroup",
+    )
+    assert group is not None and group["spec"]["scheduleTimeoutSeconds"] == 8
+
+    def timed_out() -> str | None:
+        for pod in job_workers(kubectl, namespace, "partial"):
+            for condition in pod["status"].get("conditions") or []:
+                if condition.get("type") == "PodScheduled" and "timeout" in condition.get("message", ""):
+                    return str(condition["message"])
+        return None
+
+    message = kubectl.wait_for(timed_out, timeout=60, what="a worker released by the gang's timeout")
+    assert message is not None
+    waited = time.monotonic() - started
+    print(f"released after {waited:.1f}s: {message}")
+    assert "8s" in message, message
+    assert waited >= 8, waited
+    assert bound(job_workers(kubectl, namespace, "partial")) == 0
 
 
 # -- Kueue ---------------------------------------------------------------------------------------
