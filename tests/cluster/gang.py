@@ -23,6 +23,7 @@ import shutil
 import ssl
 import time
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import ClusterError, LocalCluster, free_port
 
 COSCHEDULING_SCHEDULER_NAME = "scheduler-plugins-scheduler"
+KUEUE_API = "kueue.x-k8s.io/v1beta2"
 KUEUE_NAMESPACE = "kueue-system"
 KUEUE_NAMESPACE_LABEL = "phalanx.dev/kueue"  # namespaces whose pods Kueue manages (and its webhook sees)
 KUEUE_WEBHOOK_PREFIX = "phalanx-test-kueue"
@@ -292,3 +294,36 @@ class Kueue:
         if self.started:
             self.cluster.stop_process("kueue")
             self.started = False
+
+
+def kueue_queue(
+    namespace: str, name: str, cluster_queue: str, flavor: str, quota: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """A ResourceFlavor, a ClusterQueue with ``quota`` in it (every resource a pod requests must be
+    covered; lower-priority workloads in it may be preempted) and a LocalQueue ``name`` on it."""
+    return [
+        {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "ClusterQueue",
+            "metadata": {"name": cluster_queue},
+            "spec": {
+                "namespaceSelector": {},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": list(quota),
+                        "flavors": [
+                            {"name": flavor, "resources": [{"name": k, "nominalQuota": v} for k, v in quota.items()]}
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": KUEUE_API,
+            "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterQueue": cluster_queue},
+        },
+    ]

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from phalanx.reconcile import naming
-from tests.cluster.gang import COSCHEDULING_SCHEDULER_NAME, KUEUE_NAMESPACE_LABEL, Coscheduling, Kueue
+from tests.cluster.gang import COSCHEDULING_SCHEDULER_NAME, KUEUE_NAMESPACE_LABEL, Coscheduling, Kueue, kueue_queue
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.integration.operator_process import OperatorProcess
@@ -27,7 +27,6 @@ from tests.unit.jobs import manifest
 pytestmark = [pytest.mark.integration, pytest.mark.gang]
 
 GANG_GPU = "gang.phalanx.dev/gpu"
-KUEUE_API = "kueue.x-k8s.io/v1beta2"
 
 
 class NodePool:
@@ -263,7 +262,9 @@ def test_schedule_timeout_seconds_is_how_long_coscheduling_holds_a_partly_placed
     def timed_out() -> str | None:
         for pod in job_workers(kubectl, namespace, "partial"):
             for condition in pod["status"].get("conditions") or []:
-                if condition.get("type") == "PodScheduled" and "timeout" in condition.get("message", ""):
+                if condition.get("type") == "PodScheduled" and "rejected due to timeout" in condition.get(
+                    "message", ""
+                ):
                     return str(condition["message"])
         return None
 
@@ -294,36 +295,8 @@ def local_queue(kubectl: Kubectl, namespace: str, kueue: Kueue) -> Iterator[str]
     kubectl.label("namespace", namespace, {KUEUE_NAMESPACE_LABEL: "true"})
     suffix = uuid.uuid4().hex[:6]
     flavor, cluster_queue = f"gpu-{suffix}", f"gpus-{suffix}"
-    resources = {"cpu": "1000", "memory": "10Ti", GANG_GPU: "16"}
-    objects = [
-        {"apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": flavor}},
-        {
-            "apiVersion": KUEUE_API,
-            "kind": "ClusterQueue",
-            "metadata": {"name": cluster_queue},
-            "spec": {
-                "namespaceSelector": {},
-                "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [
-                    {
-                        "coveredResources": list(resources),
-                        "flavors": [
-                            {
-                                "name": flavor,
-                                "resources": [{"name": k, "nominalQuota": v} for k, v in resources.items()],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": KUEUE_API,
-            "kind": "LocalQueue",
-            "metadata": {"name": "team", "namespace": namespace},
-            "spec": {"clusterQueue": cluster_queue},
-        },
-    ]
+    quota = {"cpu": "1000", "memory": "10Ti", GANG_GPU: "16"}
+    objects = kueue_queue(namespace, "team", cluster_queue, flavor, quota)
     for obj in objects:
         kubectl.apply(obj)
     try:
