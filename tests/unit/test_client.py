@@ -7,7 +7,11 @@ client sends when a response is lost, throttled or slow.)
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -108,3 +112,22 @@ async def test_no_slot_is_held_while_waiting_to_retry(
         assert not failing.done()
         failing.cancel()
         await asyncio.gather(failing, return_exceptions=True)
+
+
+def test_a_client_certificate_leaves_no_file_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key and certificate exist only while ssl reads them: a SIGKILLed operator leaves nothing."""
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
+         "/CN=phalanx-test", "-days", "1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    credentials = Credentials(
+        server="https://127.0.0.1:1", certificate_data=cert.read_bytes(), private_key_data=key.read_bytes()
+    )
+    context = client_module._ssl_context(credentials)
+    assert isinstance(context, ssl.SSLContext)
+    assert list(scratch.iterdir()) == []

@@ -74,22 +74,29 @@ def resource_path(
     return f"{path}/{name}" if name else path
 
 
-def _ssl_context(credentials: Credentials, scratch: Path) -> ssl.SSLContext | bool:
+def _ssl_context(credentials: Credentials) -> ssl.SSLContext | bool:
     if credentials.insecure:
         return False
     context = ssl.create_default_context(cafile=credentials.ca_path)
     if credentials.ca_data:
         context.load_verify_locations(cadata=credentials.ca_data.decode())
     certificate, key = credentials.certificate_path, credentials.private_key_path
-    if credentials.certificate_data:
-        certificate = str(scratch / "client.crt")
-        Path(certificate).write_bytes(credentials.certificate_data)
-    if credentials.private_key_data:
-        key = str(scratch / "client.key")
-        Path(key).write_bytes(credentials.private_key_data)
-        Path(key).chmod(0o600)
-    if certificate:
-        context.load_cert_chain(certificate, key)
+    if not (credentials.certificate_data or credentials.private_key_data):
+        if certificate:
+            context.load_cert_chain(certificate, key)
+        return context
+    # ssl loads a client certificate only from files: they exist just while it reads them, so a
+    # killed operator leaves nothing behind.
+    with tempfile.TemporaryDirectory(prefix="phalanx-client-") as scratch:
+        if credentials.certificate_data:
+            certificate = str(Path(scratch) / "client.crt")
+            Path(certificate).write_bytes(credentials.certificate_data)
+        if credentials.private_key_data:
+            key = str(Path(scratch) / "client.key")
+            Path(key).touch(0o600)
+            Path(key).write_bytes(credentials.private_key_data)
+        if certificate:
+            context.load_cert_chain(certificate, key)
     return context
 
 
@@ -103,7 +110,6 @@ class ApiClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
-        self._scratch = tempfile.TemporaryDirectory(prefix="phalanx-client-")
         self._token_cache: tuple[float, str] | None = None
         self.requests = 0
 
@@ -116,7 +122,7 @@ class ApiClient:
         await self.close()
 
     def _new_session(self, limit: int, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
-        context = _ssl_context(self.credentials, Path(self._scratch.name))
+        context = _ssl_context(self.credentials)
         headers = {"Accept": "application/json", "User-Agent": "phalanx"}
         return aiohttp.ClientSession(
             base_url=self.credentials.server.rstrip("/"),
@@ -153,7 +159,6 @@ class ApiClient:
             if session is not None:
                 await session.close()
         self._session = self._watch_session = None
-        self._scratch.cleanup()
 
     async def request(
         self,
