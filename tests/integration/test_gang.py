@@ -8,6 +8,7 @@ created (Coscheduling checks a gang's minResources against the whole cluster).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from tests.cluster.gang import COSCHEDULING_SCHEDULER_NAME, KUEUE_NAMESPACE_LABE
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.integration.operator_process import OperatorProcess
-from tests.integration.scenario import POOL_LABEL, TRAINER, wait_status
+from tests.integration.scenario import POOL_LABEL, TRAINER, status, wait_status
 from tests.unit.jobs import manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.gang]
@@ -86,13 +87,14 @@ def gang_job(
     maximum: int | None = None,
     gates: list[dict[str, str]] | None = None,
     priority_class: str | None = None,
+    max_restarts: int = 3,
     **gang: Any,
 ) -> None:
     body = manifest(
         workers={"min": minimum or workers, "max": maximum or workers, "desired": workers},
         gpus={"count": gpus, "resource": GANG_GPU},
         gang={"scheduler": scheduler, **gang},
-        failurePolicy={"maxRestarts": 3, "backoffSeconds": 1, "maxBackoffSeconds": 2},
+        failurePolicy={"maxRestarts": max_restarts, "backoffSeconds": 1, "maxBackoffSeconds": 2},
         template={"spec": {"containers": [TRAINER], "nodeSelector": {POOL_LABEL: pool.name}}},
     )
     if gates:
@@ -351,6 +353,99 @@ def test_kueue_admits_gangs_whole_and_in_order_and_a_deleted_job_frees_its_quota
     kubectl.wait_for(lambda: not job_workers(kubectl, namespace, "first"), timeout=30, what="first's pods gone")
     finish(kwok_cluster, kubectl, namespace, "second")
     wait_status(kubectl, namespace, lambda s: s.get("phase") == "Succeeded", "second Succeeded", 60, name="second")
+
+
+def patch_spec(kubectl: Kubectl, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    kubectl.run(
+        "patch", "tj", name, f"--namespace={namespace}", "--type=merge", f"--patch={json.dumps({'spec': spec})}"
+    )
+
+
+def queued_in_kueues_words(state: dict[str, Any]) -> bool:
+    # "insufficient unused quota" (wait for others) or "insufficient quota" (more than the queue has)
+    return state.get("reason") == "Queued" and "insufficient" in state.get("message", "")
+
+
+def test_finishing_suspending_and_failing_a_kueue_job_each_free_its_quota_for_the_next(
+    kubectl: Kubectl,
+    kwok_cluster: LocalCluster,
+    namespace: str,
+    pool: NodePool,
+    local_queue: str,
+    operator: OperatorProcess,
+) -> None:
+    pool.add(4)  # 32 GPUs; the ClusterQueue admits 16, one 2 x 8 gang at a time
+    running = partial(wait_status, kubectl, namespace, lambda s: s.get("phase") == "Running")
+    queued = partial(wait_status, kubectl, namespace, queued_in_kueues_words)
+    job = partial(gang_job, kubectl, namespace, pool=pool, workers=2, gpus=8, scheduler="kueue", queue=local_queue)
+
+    job(name="a")
+    running("a Running", 60, name="a")
+    job(name="b")
+    queued("b Queued behind a", 60, name="b")
+    finished = time.monotonic()
+    finish(kwok_cluster, kubectl, namespace, "a")
+    running("b Running once a finished", 60, name="b")
+    print(f"b Running {time.monotonic() - finished:.1f}s after a's workers exited 0")
+    assert status(kubectl, namespace, "a")["phase"] == "Succeeded"
+
+    job(name="c", max_restarts=0)
+    queued("c Queued behind b", 60, name="c")
+    suspended = time.monotonic()
+    patch_spec(kubectl, namespace, "b", {"suspend": True})
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Suspended", "b Suspended", 60, name="b")
+    running("c Running once b was suspended", 60, name="c")
+    print(f"c Running {time.monotonic() - suspended:.1f}s after b was suspended")
+    assert not job_workers(kubectl, namespace, "b")
+
+    patch_spec(kubectl, namespace, "b", {"suspend": False})
+    queued("b, resumed, Queued behind c", 60, name="b")
+    failed = time.monotonic()
+    kwok_cluster.finish_pod(namespace, job_workers(kubectl, namespace, "c")[0]["metadata"]["name"], 1)
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Failed", "c Failed (no restarts allowed)", 60,
+                name="c")  # fmt: skip
+    running("b Running once c failed", 60, name="b")
+    print(f"b Running {time.monotonic() - failed:.1f}s after c's worker exited 1")
+    c_running = lambda: [p for p in job_workers(kubectl, namespace, "c") if p["status"].get("phase") == "Running"]  # noqa: E731
+    kubectl.wait_for(lambda: not c_running(), timeout=30, what="c's workers stopped")
+    finish(kwok_cluster, kubectl, namespace, "b")
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Succeeded", "b Succeeded", 60, name="b")
+    assert state["restarts"] == 0, state  # a suspension costs no budget
+
+
+def test_a_kueue_gang_rescales_as_a_new_pod_group_admitted_at_its_new_size(
+    kubectl: Kubectl,
+    kwok_cluster: LocalCluster,
+    namespace: str,
+    pool: NodePool,
+    local_queue: str,
+    operator: OperatorProcess,
+) -> None:
+    pool.add(4)
+    gang_job(kubectl, namespace, "elastic", pool, workers=1, minimum=1, maximum=3, gpus=8, scheduler="kueue",
+             queue=local_queue)  # fmt: skip
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "1 worker Running", 60, name="elastic")
+
+    patch_spec(kubectl, namespace, "elastic", {"workers": {"desired": 2}})
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running" and s.get("attempt") == 1,
+                        "Running again as a new group of 2", 60, name="elastic")  # fmt: skip
+    workers = job_workers(kubectl, namespace, "elastic")
+    groups = {pod["metadata"]["labels"].get(naming.KUEUE_POD_GROUP_LABEL) for pod in workers}
+    assert len(workers) == 2 and groups == {naming.kueue_group_name("elastic", 1)}, workers
+    assert state["restarts"] == 0, state  # a rescale costs no budget
+    events = [e.get("message", "") for e in kubectl.list("events", namespace) if e.get("reason") == "GangRestart"]
+    assert any("cannot change its size" in message for message in events), events
+
+    # Three workers need 24 GPUs, more than the queue's 16: the new group waits whole, in Kueue's words.
+    patch_spec(kubectl, namespace, "elastic", {"workers": {"desired": 3}})
+    state = wait_status(kubectl, namespace, queued_in_kueues_words, "a group of 3 Queued over quota", 60,
+                        name="elastic")  # fmt: skip
+    assert "> maximum capacity (16)" in state["message"], state
+    assert bound(job_workers(kubectl, namespace, "elastic")) == 0
+    patch_spec(kubectl, namespace, "elastic", {"workers": {"desired": 2}})
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "back to 2, Running", 60,
+                        name="elastic")  # fmt: skip
+    assert len(job_workers(kubectl, namespace, "elastic")) == 2 and state["restarts"] == 0, state
 
 
 @pytest.fixture
