@@ -265,7 +265,7 @@ class ChaosRun:
             self.api = Api(cluster)
             self._install(kubectl, cluster)
             with (
-                FaultProxy(cluster.server, cluster.ca_cert) as proxy,
+                FaultProxy(cluster.server, cluster.server_ca) as proxy,
                 chart_identity(kubectl, cluster.kubeconfig, NAMESPACE, "chaos", self.workdir) as identity,
             ):
                 self.proxy = proxy

@@ -15,6 +15,7 @@
 #   scheduler-plugins -> scheduler-plugins-scheduler (kube-scheduler with Coscheduling),
 #                        scheduler-plugins-controller (PodGroup status)
 #   kueue      -> kueue (the manager, webhooks included)
+#   training-operator -> training-operator (Kubeflow's, for the scale benchmark; only when named)
 #
 # Output: ${PHALANX_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx}/bin/<module>-<version>/<binary>
 # Versions come from the wrapper go.mod files; change a version there (then `go mod tidy`).
@@ -30,13 +31,13 @@ export CGO_ENABLED=0
 # The build must use the committed go.sum; never edit go.mod implicitly.
 export GOFLAGS="${GOFLAGS:-} -mod=readonly -buildvcs=false"
 
-ALL_MODULES=(kubernetes etcd kwok coredns helm scheduler-plugins kueue)
+ALL_MODULES=(kubernetes etcd kwok coredns helm scheduler-plugins kueue)  # what the tests need
 
 # module -> wrapper dir, Go module path, binaries
 wrapper_dir() {
   case "$1" in
     kubernetes) echo "$GO_DIR/k8s" ;;
-    etcd | kwok | coredns | helm | scheduler-plugins | kueue) echo "$GO_DIR/$1" ;;
+    etcd | kwok | coredns | helm | scheduler-plugins | kueue | training-operator) echo "$GO_DIR/$1" ;;
     *) echo "unknown module: $1" >&2; return 1 ;;
   esac
 }
@@ -49,6 +50,7 @@ module_path() {
     helm) echo "helm.sh/helm/v3" ;;
     scheduler-plugins) echo "sigs.k8s.io/scheduler-plugins" ;;
     kueue) echo "sigs.k8s.io/kueue" ;;
+    training-operator) echo "github.com/kubeflow/training-operator" ;;
   esac
 }
 binaries() {
@@ -148,6 +150,10 @@ build_module() { # <module> <version> <out dir>
     kueue)
       go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$ver" \
         -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
+      ;;
+    training-operator)
+      go build -trimpath -ldflags "-s -w" -o "$out/training-operator" \
+        github.com/kubeflow/training-operator/cmd/training-operator.v1
       ;;
   esac
 }

@@ -1,17 +1,19 @@
-"""Real gang schedulers as host processes of a running LocalCluster.
+"""Real gang schedulers as host processes beside a running cluster.
 
 - ``Coscheduling``: scheduler-plugins' kube-scheduler with a second profile,
   ``scheduler-plugins-scheduler``, that runs the Coscheduling plugin (pods choose it by
   ``spec.schedulerName``), and its PodGroup status controller.
 - ``Kueue``: Kueue's manager with the pod integration and its real mutating and validating
-  webhooks, which the API server calls by URL (https://127.0.0.1:PORT, a certificate signed by the
-  cluster CA). Kueue reads its metrics certificate from a fixed path, /etc/kueue/metrics/certs,
-  even with metrics off: it runs in a private mount namespace whose /etc is an overlay of the
-  host's, so the host's /etc is never written.
+  webhooks, which the API server calls by URL (https://HOST:PORT, HOST the cluster's
+  ``host_address``, a certificate signed by the cluster's ``ca_cert``). Kueue reads its metrics
+  certificate from a fixed path, /etc/kueue/metrics/certs, even with metrics off: it runs in a
+  private mount namespace whose /etc is an overlay of the host's, so the host's /etc is never
+  written (not root: in a user namespace too, where the kernel allows unprivileged overlays).
 
 Both are built from their Go modules (tests/cluster/build-binaries.sh) and their CRDs come from
 the same module downloads. Their processes are spawned through the cluster (PID files in its
-state directory) and stopped by PID.
+state directory) and stopped by PID. The cluster is a LocalCluster or, for a cluster named by
+$KUBECONFIG, an AttachedCluster (tests/cluster/attached.py).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import shutil
 import ssl
+import sys
 import time
 import urllib.request
 from collections.abc import Mapping
@@ -195,12 +199,12 @@ class Kueue:
         return sorted(bases.glob("*.yaml"))
 
     def _certificates(self) -> tuple[Path, Path]:
-        """The webhook's serving certificate (127.0.0.1), also served as the metrics one."""
+        """The webhook's serving certificate (host_address), also served as the metrics one."""
         pki = self.directory / "pki"
+        sans = sorted({f"IP:{self.cluster.host_address}", "IP:127.0.0.1", "DNS:localhost"})
         crt, key = self.cluster.issue_cert(
-            "kueue-webhook", "/CN=kueue-webhook", sans=["IP:127.0.0.1", "DNS:localhost"], client=False, server=True,
-            directory=pki,
-        )  # fmt: skip
+            "kueue-webhook", "/CN=kueue-webhook", sans=sans, client=False, server=True, directory=pki
+        )
         certs = self.directory / "certs"
         metrics = self.directory / "etc-upper" / "kueue" / "metrics" / "certs"
         for target in (certs, metrics):
@@ -221,7 +225,8 @@ class Kueue:
                 if webhook["name"] not in KUEUE_WEBHOOKS:
                     continue
                 path = webhook["clientConfig"]["service"]["path"]
-                webhook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+                url = f"https://{self.cluster.host_address}:{port}{path}"
+                webhook["clientConfig"] = {"url": url, "caBundle": ca_bundle}
                 resources = {resource for rule in webhook["rules"] for resource in rule["resources"]}
                 if resources & NAMESPACED_WEBHOOK_RESOURCES:  # fail-closed: keep it to the test namespaces
                     webhook["namespaceSelector"] = {"matchLabels": {KUEUE_NAMESPACE_LABEL: "true"}}
@@ -247,7 +252,7 @@ class Kueue:
             "leaderElection": {"leaderElect": False},
             "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
             "metrics": {"bindAddress": "0"},
-            "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(certs)},
+            "webhook": {"host": self.cluster.host_address, "port": webhook_port, "certDir": str(certs)},
             "internalCertManagement": {"enable": False},
             "clientConnection": {"qps": 50, "burst": 100},
             "managedJobsNamespaceSelector": {"matchLabels": {KUEUE_NAMESPACE_LABEL: "true"}},
@@ -268,7 +273,8 @@ class Kueue:
         self.cluster.spawn(
             "kueue",
             [
-                "unshare", "--mount", "--propagation=private", "sh", "-c", script,
+                "unshare", *([] if os.geteuid() == 0 else ["--user", "--map-root-user"]), "--mount",
+                "--propagation=private", "sh", "-c", script,
                 bins["kueue"], f"--config={config_file}", f"--kubeconfig={kubeconfig}",
                 "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2",
             ],
@@ -285,8 +291,32 @@ class Kueue:
               60, log)  # fmt: skip
         return self
 
+    def release_managed(self, kubectl: Kubectl, timeout: float = 90) -> None:
+        """Delete the pods and Workloads of the namespaces Kueue manages while it still runs: once
+        it is gone nobody removes its finalizers, and they would hold those namespaces forever."""
+        namespaces = [
+            ns["metadata"]["name"] for ns in kubectl.list("namespaces", selector=f"{KUEUE_NAMESPACE_LABEL}=true")
+        ]
+        for namespace in namespaces:
+            for kind in ("pods", "workloads.kueue.x-k8s.io"):
+                kubectl.run("delete", kind, "--all", f"--namespace={namespace}", "--wait=false")
+
+        def released() -> bool:
+            return not any(
+                kubectl.list(kind, namespace)
+                for namespace in namespaces
+                for kind in ("pods", "workloads.kueue.x-k8s.io")
+            )
+
+        kubectl.wait_for(released, timeout=timeout, what="Kueue-managed pods and Workloads gone")
+
     def stop(self) -> None:
         kubectl = Kubectl(self.cluster.kubeconfig)
+        if self.started:
+            try:
+                self.release_managed(kubectl)
+            except Exception as error:  # keep stopping; the leftovers are named
+                print(f"kueue: {error}", file=sys.stderr)
         for kind, name in self.webhook_configurations:  # fail-closed webhooks must not outlive their server
             with contextlib.suppress(Exception):
                 kubectl.delete(kind.lower(), name)

@@ -152,8 +152,13 @@ class LocalCluster:
     Attributes for other tiers: ``state_dir``, ``ca_cert``, ``ca_key``, ``kubeconfig`` (admin,
     system:masters), ``server`` (https URL), ``pki_dir``, ``binaries`` (name -> Path),
     ``sa_key``/``sa_pub`` (service-account signing pair), ``kubelet_client_cert``/``_key`` (the
-    apiserver's client identity towards kubelets), ``service_cidr``, ``service_ip``.
+    apiserver's client identity towards kubelets), ``service_cidr``, ``service_ip``,
+    ``server_ca`` (verifies the API server: here the cluster CA), ``host_address`` (where the API
+    server reaches processes on this host, such as webhooks). tests/cluster/attached.py has the
+    same interface for a cluster someone else started.
     """
+
+    runs_control_plane = True  # restarts, etcd and the cluster's own identities are ours
 
     def __init__(
         self,
@@ -198,6 +203,7 @@ class LocalCluster:
         self.pid_dir = self.state_dir / "pids"
         self.ca_cert = self.pki_dir / "ca.crt"
         self.ca_key = self.pki_dir / "ca.key"
+        self.server_ca = self.ca_cert
         self.sa_key = self.pki_dir / "sa.key"
         self.sa_pub = self.pki_dir / "sa.pub"
         self.admin_cert = self.pki_dir / "admin.crt"
@@ -215,6 +221,10 @@ class LocalCluster:
         self._launches: dict[str, tuple[list[str], dict[str, str] | None, str | None]] = {}
         self._started_components: list[ExtraComponent] = []
         self._ssl: ssl.SSLContext | None = None
+
+    @property
+    def host_address(self) -> str:
+        return "127.0.0.1"  # the API server runs on this host
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -748,7 +758,7 @@ class LocalCluster:
             "clusters": [
                 {
                     "name": "phalanx",
-                    "cluster": {"server": self.server, "certificate-authority": str(self.ca_cert)},
+                    "cluster": {"server": self.server, "certificate-authority": str(self.server_ca)},
                 }
             ],
             "users": [{"name": user, "user": creds}],

@@ -2,7 +2,8 @@
 
 - ``cluster`` (session): a LocalCluster started once per session, or the cluster named by
   $KUBECONFIG when that one answers: a LocalCluster started with ``localcluster up`` is reused with
-  its KWOK helpers (and left running); any other cluster (the kind path) is used without KWOK.
+  its KWOK helpers (and left running); any other cluster (the kind path) gets KWOK started on this
+  host against it (an AttachedCluster, tests/cluster/attached.py).
   Whatever this session started is always stopped: fixture finalizer, atexit, SIGTERM/SIGHUP.
 - ``kubectl`` (session): a small kubectl wrapper (tests/cluster/kube.py) with admin credentials.
 - ``kubeconfig`` (session): path of the admin kubeconfig.
@@ -10,6 +11,8 @@
 - ``api_config`` (session): server URL, CA, client cert/key paths for an aiohttp/ssl client.
 - ``namespace`` (function): a fresh namespace with its default ServiceAccount; deleted afterwards.
 - ``kwok_cluster`` (session): ``cluster``, skipping the test when KWOK is not available.
+- ``control_plane`` (session): ``kwok_cluster`` when this harness runs its control plane (API
+  server restarts, etcd compaction); skips on an attached cluster.
 - ``crds`` (session): the TrainingJob CRD (from crds/) and both PodGroup CRDs, installed once.
 - ``operator`` (function): ``phalanx run`` as a subprocess watching the test's namespace.
 """
@@ -28,6 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.cluster.attached import AttachedCluster
 from tests.cluster.crds import cluster_crds
 from tests.cluster.kube import Kubectl, find_kubectl
 from tests.cluster.localcluster import STATE_FILE, LocalCluster
@@ -36,23 +40,6 @@ from tests.integration.chart_identity import chart_identity
 from tests.integration.operator_process import OperatorProcess
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-class ExternalCluster:
-    """A cluster we did not start (KUBECONFIG): nothing to stop, no KWOK."""
-
-    kwok_enabled = False
-
-    def __init__(self, kubeconfig: pathlib.Path):
-        self.kubeconfig = kubeconfig
-        self.state_dir = None
-        self.server = ""
-
-    def add_gpu_nodes(self, *args: Any, **kwargs: Any) -> list[str]:
-        pytest.skip("KWOK nodes need the local cluster (unset KUBECONFIG)")
-
-    def stop(self) -> None:
-        pass
 
 
 def _external_kubeconfig() -> pathlib.Path | None:
@@ -76,15 +63,18 @@ def _external_kubeconfig() -> pathlib.Path | None:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[LocalCluster | ExternalCluster]:
+def cluster() -> Iterator[LocalCluster]:
     external = _external_kubeconfig()
     if external is not None:
         if (external.parent / STATE_FILE).exists() and external.name == "admin.kubeconfig":
             # a LocalCluster started by `python -m tests.cluster.localcluster up`: reuse it with its
             # KWOK helpers, and leave it running
             yield LocalCluster.from_state_dir(external.parent)
-        else:
-            yield ExternalCluster(external)
+            return
+        attached = AttachedCluster(external)
+        with stopped_on_exit(attached.stop):
+            attached.start()
+            yield attached
         return
 
     c = LocalCluster(kwok=True)
@@ -94,14 +84,21 @@ def cluster() -> Iterator[LocalCluster | ExternalCluster]:
 
 
 @pytest.fixture(scope="session")
-def kwok_cluster(cluster: LocalCluster | ExternalCluster) -> LocalCluster:
-    if not isinstance(cluster, LocalCluster) or not cluster.kwok_enabled:
-        pytest.skip("needs the local cluster with KWOK")
+def kwok_cluster(cluster: LocalCluster) -> LocalCluster:
+    if not cluster.kwok_enabled:
+        pytest.skip("needs KWOK (this local cluster was started with --no-kwok)")
     return cluster
 
 
 @pytest.fixture(scope="session")
-def kubeconfig(cluster: LocalCluster | ExternalCluster) -> pathlib.Path:
+def control_plane(kwok_cluster: LocalCluster) -> LocalCluster:
+    if not kwok_cluster.runs_control_plane:
+        pytest.skip(f"restarts the API server or compacts etcd: {kwok_cluster.server} is not this harness's")
+    return kwok_cluster
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(cluster: LocalCluster) -> pathlib.Path:
     return pathlib.Path(cluster.kubeconfig)
 
 
@@ -117,9 +114,9 @@ def kube_env(kubeconfig: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathl
 
 
 @pytest.fixture(scope="session")
-def api_config(cluster: LocalCluster | ExternalCluster) -> dict[str, Any]:
+def api_config(cluster: LocalCluster) -> dict[str, Any]:
     """Connection settings for a hand-made client (aiohttp + ssl); local cluster only."""
-    if not isinstance(cluster, LocalCluster):
+    if not cluster.runs_control_plane:
         pytest.skip("api_config is only available for the local cluster; use kubeconfig")
     return {
         "server": cluster.server,

@@ -78,7 +78,7 @@ def fault_nodes(kwok_cluster: LocalCluster, kubectl: Kubectl) -> list[str]:
 
 @pytest.fixture
 def proxy(kwok_cluster: LocalCluster) -> Iterator[FaultProxy]:
-    with FaultProxy(kwok_cluster.server, kwok_cluster.ca_cert) as running:
+    with FaultProxy(kwok_cluster.server, kwok_cluster.server_ca) as running:
         yield running
 
 
@@ -416,7 +416,7 @@ def test_one_pod_serving_absurd_metrics_never_stops_progress_for_the_others(
 
 
 def test_pods_deleted_while_the_operator_was_not_watching_are_forgotten_after_the_relist(
-    kubectl: Kubectl, kwok_cluster: LocalCluster, namespace: str, proxy: FaultProxy, operator: OperatorProcess
+    kubectl: Kubectl, control_plane: LocalCluster, namespace: str, proxy: FaultProxy, operator: OperatorProcess
 ) -> None:
     before = start(kubectl, namespace)
     victim = naming.worker_pod_name(JOB, 2)
@@ -426,8 +426,8 @@ def test_pods_deleted_while_the_operator_was_not_watching_are_forgotten_after_th
     try:
         kubectl.run("delete", "pod", victim, f"--namespace={namespace}", "--grace-period=0", "--force")
         kubectl.wait_for(lambda: victim not in workers(kubectl, namespace), timeout=30, what=f"{victim} gone")
-        kwok_cluster.compact_etcd()
-        kwok_cluster.restart_apiserver()  # its watch cache starts after the deletion: 410 Gone for old versions
+        control_plane.compact_etcd()
+        control_plane.restart_apiserver()  # its watch cache starts after the deletion: 410 Gone for old versions
     finally:
         operator.resume()
     wait_workers(

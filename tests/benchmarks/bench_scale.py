@@ -1,0 +1,585 @@
+"""Scale, side by side: a raw client (the lower bound), phalanx and Kubeflow's training operator.
+
+    python -m tests.benchmarks.bench_scale [--sizes 100,250] [--workers 8]
+        [--contenders raw,phalanx,kubeflow-default,kubeflow-tuned]
+
+One control plane with KWOK nodes (one 8-GPU node per job), one run. For each size (jobs x
+workers, one GPU per worker) each contender in turn gets a namespace of its own and the same jobs:
+
+- ``raw``: an asynchronous client (16 requests in flight) creating exactly the objects phalanx's
+  planner renders for those jobs (per job a Service, the rendezvous store pod and the worker pods;
+  rendered by ``phalanx.reconcile.desired``, less their owner references, which would point at
+  TrainingJobs that do not exist);
+- ``phalanx``: ``phalanx run`` given TrainingJobs (min = max = desired, ``ttlSecondsAfterFinished: 0``);
+- ``kubeflow-default`` / ``kubeflow-tuned``: Kubeflow's training operator (built from its Go module,
+  tests/cluster/go/training-operator) given equivalent elastic PyTorchJobs, at its client defaults
+  (QPS 20, burst 30, 1 thread) and tuned (QPS 500, burst 1000, 16 threads).
+
+Measured for each: seconds from submission to every worker pod created and to every one Running
+(from a watch); then every worker exits 0 (KWOK), and the jobs finish and are deleted by their TTL.
+Each contender talks to the API server under an identity of its own, and the API server's audit
+log gives its requests by verb and resource over that whole lifecycle (per job). For the operators:
+peak RSS (VmHWM) and CPU seconds of the process, RSS when idle before the jobs came, and status
+writes per job from its creation until it first reported Running.
+
+Progress goes to stderr; one JSON object with the commit goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import datetime
+import json
+import os
+import pathlib
+import ssl
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aiohttp
+import yaml
+
+from phalanx.reconcile import desired, environment, naming
+from tests.benchmarks.harness import commit, stop_on_signals
+from tests.cluster import binaries
+from tests.cluster.crds import cluster_crds
+from tests.cluster.kube import Kubectl
+from tests.cluster.localcluster import LocalCluster, free_port
+from tests.integration.operator_process import OperatorProcess
+from tests.unit.jobs import job as parsed_job
+from tests.unit.jobs import manifest
+
+GPU = "nvidia.com/gpu"
+POOL_LABEL = "phalanx.dev/bench-pool"
+CONTENDERS = ("raw", "phalanx", "kubeflow-default", "kubeflow-tuned")
+KUBEFLOW_TUNING = {
+    "kubeflow-default": [],
+    "kubeflow-tuned": ["--kube-api-qps=500", "--kube-api-burst=1000", "--controller-threads=16"],
+}
+KUBEFLOW_WORKER_LABEL = ("training.kubeflow.org/replica-type", "worker")
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "userGroups": ["phalanx:bench"]}, {"level": "None"}],
+}
+RAW_IN_FLIGHT = 16
+
+
+def say(message: str) -> None:
+    print(f"scale {message}", file=sys.stderr, flush=True)
+
+
+# -- the jobs, three ways ---------------------------------------------------------------------------
+
+
+def container(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": "example/train:1",
+        "command": ["torchrun"],
+        "args": ["train.py"],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {GPU: "1"}},
+    }
+
+
+def trainingjob(name: str, workers: int, pool: str) -> dict[str, Any]:
+    body = manifest(
+        workers={"min": workers, "max": workers, "desired": workers},
+        gpus={"count": 1, "resource": GPU},
+        ttlSecondsAfterFinished=0,
+        template={"spec": {"containers": [container("trainer")], "nodeSelector": {POOL_LABEL: pool}}},
+    )
+    body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}}
+    body["metadata"] = {"name": name}
+    return body
+
+
+def pytorchjob(name: str, workers: int, pool: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {
+            "elasticPolicy": {"minReplicas": workers, "maxReplicas": workers, "rdzvBackend": "c10d", "maxRestarts": 3},
+            "runPolicy": {"ttlSecondsAfterFinished": 0},
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": workers,
+                    "restartPolicy": "OnFailure",
+                    "template": {"spec": {"containers": [container("pytorch")], "nodeSelector": {POOL_LABEL: pool}}},
+                }
+            },
+        },
+    }
+
+
+def rendered_objects(name: str, namespace: str, workers: int, pool: str) -> list[dict[str, Any]]:
+    """What phalanx's planner creates for one job: Service, store pod, workers."""
+    body = trainingjob(name, workers, pool)
+    body["metadata"] = {**parsed_job().metadata.model_dump(by_alias=True, exclude_none=True), "name": name,
+                        "namespace": namespace}  # fmt: skip
+    tj = parsed_job(body)
+    launch = environment.resolve_launch(tj.spec)
+    objects = [desired.rendezvous_service(tj), desired.rendezvous_store_pod(tj, launch)]
+    objects += [desired.worker_pod(tj, launch, index=i, attempt=0, kueue_total=None) for i in range(workers)]
+    for obj in objects:
+        obj["metadata"].pop("ownerReferences", None)
+    return objects
+
+
+# -- observing ---------------------------------------------------------------------------------------
+
+
+class Watch:
+    """Pods (and jobs) of one namespace, from a list + watch: when each worker pod was first seen
+    and first Running, and when each job first reported Running."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str, is_worker: Callable[[dict[str, Any]], bool]) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.is_worker = is_worker
+        self.created: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.jobs_running: dict[str, float] = {}
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def follow(self, path: str, on_object: Callable[[dict[str, Any], float], None]) -> None:
+        def loop() -> None:
+            version = ""
+            while not self.stopping.is_set():
+                with contextlib.suppress(OSError, ValueError):
+                    if not version:
+                        with urllib.request.urlopen(self.cluster.server + path, timeout=60,
+                                                    context=self.cluster.ssl_context()) as response:  # fmt: skip
+                            listing = json.loads(response.read())
+                        now = time.monotonic()
+                        for item in listing["items"]:
+                            on_object(item, now)
+                        version = listing["metadata"]["resourceVersion"]
+                    url = f"{self.cluster.server}{path}?watch=1&resourceVersion={version}&timeoutSeconds=30"
+                    with urllib.request.urlopen(url, timeout=60, context=self.cluster.ssl_context()) as response:
+                        for line in response:
+                            event = json.loads(line)
+                            if event["type"] == "ERROR":
+                                version = ""
+                                break
+                            version = event["object"]["metadata"]["resourceVersion"]
+                            on_object(event["object"], time.monotonic())
+                            if self.stopping.is_set():
+                                return
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def start(self, jobs_path: str, job_running: Callable[[dict[str, Any]], bool]) -> Watch:
+        def on_pod(pod: dict[str, Any], now: float) -> None:
+            if not self.is_worker(pod):
+                return
+            name = pod["metadata"]["name"]
+            self.created.setdefault(name, now)
+            if pod.get("status", {}).get("phase") == "Running":
+                self.running.setdefault(name, now)
+
+        def on_job(job: dict[str, Any], now: float) -> None:
+            if job_running(job):
+                self.jobs_running.setdefault(job["metadata"]["name"], time.time())
+
+        self.follow(f"/api/v1/namespaces/{self.namespace}/pods", on_pod)
+        if jobs_path:
+            self.follow(jobs_path.format(namespace=self.namespace), on_job)
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+def wait(what: str, ok: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:.0f}s")
+        time.sleep(0.2)
+
+
+def process_usage(pid: int) -> tuple[float, float]:
+    """(peak RSS in MiB, CPU seconds) of a live process."""
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    peak_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return peak_kib / 1024, (int(fields[11]) + int(fields[12])) / ticks
+
+
+def rss_mib(pid: int) -> float:
+    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
+
+
+def audited_requests(audit_log: pathlib.Path, user: str) -> list[dict[str, Any]]:
+    events = []
+    with audit_log.open() as lines:
+        for line in lines:
+            event = json.loads(line)
+            if event.get("user", {}).get("username") == user and event.get("stage") == "ResponseComplete":
+                events.append(event)
+    return events
+
+
+def requests_by_kind(events: list[dict[str, Any]], jobs: int) -> dict[str, float]:
+    counts: collections.Counter[str] = collections.Counter()
+    for event in events:
+        ref = event.get("objectRef") or {}
+        resource = ref.get("resource", event.get("requestURI", "?"))
+        if ref.get("subresource"):
+            resource += "/" + ref["subresource"]
+        counts[f"{event['verb']} {resource}"] += 1
+    return {key: round(count / jobs, 2) for key, count in sorted(counts.items())}
+
+
+def status_writes_until_running(events: list[dict[str, Any]], resource: str, running: dict[str, float]) -> float:
+    """Status writes per job received before that job first reported Running (wall clock)."""
+    writes = 0
+    for event in events:
+        ref = event.get("objectRef") or {}
+        if ref.get("resource") != resource or ref.get("subresource") != "status":
+            continue
+        if event["verb"] not in ("patch", "update", "apply"):
+            continue
+        when = datetime.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+        if ref.get("name") in running and when <= running[ref["name"]]:
+            writes += 1
+    return round(writes / max(1, len(running)), 2)
+
+
+# -- the contenders ----------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, cluster: LocalCluster, workdir: pathlib.Path, workers: int) -> None:
+        self.cluster = cluster
+        self.workdir = workdir
+        self.workers = workers
+        self.kubectl = Kubectl(cluster.kubeconfig)
+        self.audit_log = workdir / "audit.log"
+        self.kubeflow_crd_ready = False
+
+    def identity(self, name: str) -> pathlib.Path:
+        crt, key = self.cluster.issue_cert(name, f"/O=system:masters/O=phalanx:bench/CN={name}",
+                                           directory=self.workdir / "pki")  # fmt: skip
+        return self.cluster.write_kubeconfig(self.workdir / f"{name}.kubeconfig", name, crt, key)
+
+    def namespace(self, name: str) -> str:
+        self.kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        wait(f"{name}/default ServiceAccount", lambda: self.kubectl.get("serviceaccount", "default", name) is not None,
+             60)  # fmt: skip
+        return name
+
+    def measure_creation(self, watch: Watch, total: int, submitted: float, timeout: float) -> dict[str, float]:
+        wait("every worker created", lambda: len(watch.created) >= total, timeout)
+        created = max(watch.created.values()) - submitted
+        say(f"  all {total} workers created after {created:.2f}s")
+        wait("every worker Running", lambda: len(watch.running) >= total, timeout)
+        running = max(watch.running.values()) - submitted
+        say(f"  all {total} workers Running after {running:.2f}s")
+        return {"seconds_to_all_created": round(created, 2), "seconds_to_all_running": round(running, 2)}
+
+    def finish_and_drain(self, namespace: str, selector: str, resource: str, timeout: float) -> float:
+        started = time.monotonic()
+        self.kubectl.run("label", "pods", f"--namespace={namespace}", f"--selector={selector}", "--overwrite",
+                         "kwok.phalanx.dev/exit-code=0", timeout=300)  # fmt: skip
+        wait("every job finished and deleted by its TTL", lambda: not self.kubectl.list(resource, namespace), timeout)
+        return round(time.monotonic() - started, 2)
+
+    # raw ------------------------------------------------------------------------------------------
+
+    def raw(self, jobs: int, pool: str, timeout: float) -> dict[str, Any]:
+        namespace = self.namespace(f"scale-raw-{jobs}")
+        objects = [obj for i in range(jobs) for obj in rendered_objects(f"job-{i:04d}", namespace, self.workers, pool)]
+        user = f"bench-raw-{jobs}"
+        self.identity(user)
+        watch = Watch(self.cluster, namespace, lambda pod: pod["metadata"].get("labels", {}).get(naming.ROLE_LABEL)
+                      == naming.ROLE_WORKER).start("", lambda job: False)  # fmt: skip
+        try:
+            submitted = time.monotonic()
+            asyncio.run(self.create_all(objects, user))
+            result: dict[str, Any] = self.measure_creation(watch, jobs * self.workers, submitted, timeout)
+        finally:
+            watch.stop()
+        events = audited_requests(self.audit_log, user)
+        result["requests_per_job"] = requests_by_kind(events, jobs)
+        result["bytes_per_job"] = round(sum(len(json.dumps(obj)) for obj in objects) / jobs)
+        self.kubectl.delete("namespace", namespace, wait=False)
+        return result
+
+    async def create_all(self, objects: list[dict[str, Any]], user: str) -> None:
+        context = ssl.create_default_context(cafile=str(self.cluster.ca_cert))
+        pki = self.workdir / "pki"
+        context.load_cert_chain(str(pki / f"{user}.crt"), str(pki / f"{user}.key"))
+        gate = asyncio.Semaphore(RAW_IN_FLIGHT)
+        connector = aiohttp.TCPConnector(ssl=context, limit=RAW_IN_FLIGHT)
+        async with aiohttp.ClientSession(connector=connector) as session:
+
+            async def create(obj: dict[str, Any]) -> None:
+                plural = {"Service": "services", "Pod": "pods"}[obj["kind"]]
+                url = f"{self.cluster.server}/api/v1/namespaces/{obj['metadata']['namespace']}/{plural}"
+                async with gate:
+                    for attempt in range(5):
+                        async with session.post(url, json=obj) as response:
+                            if response.status < 300 or response.status == 409:
+                                return
+                            if response.status != 429 or attempt == 4:
+                                raise RuntimeError(f"POST {url}: {response.status} {await response.text()}")
+                        await asyncio.sleep(0.1)
+
+            await asyncio.gather(*(create(obj) for obj in objects))
+
+    # phalanx --------------------------------------------------------------------------------------
+
+    def phalanx(self, jobs: int, pool: str, timeout: float) -> dict[str, Any]:
+        namespace = self.namespace(f"scale-phalanx-{jobs}")
+        user = f"bench-phalanx-{jobs}"
+        # every namespace, as Kubeflow's operator watches
+        operator = OperatorProcess(self.identity(user), self.workdir / f"phalanx-{jobs}.log").start()
+        assert operator.process is not None
+        pid = operator.process.pid
+        try:
+            time.sleep(3)
+            idle = rss_mib(pid)
+            watch = Watch(self.cluster, namespace, lambda pod: pod["metadata"].get("labels", {}).get(naming.ROLE_LABEL)
+                          == naming.ROLE_WORKER)  # fmt: skip
+            watch.start("/apis/phalanx.dev/v1alpha1/namespaces/{namespace}/trainingjobs",
+                        lambda job: (job.get("status") or {}).get("phase") == "Running")  # fmt: skip
+            listing = {"apiVersion": "v1", "kind": "List",
+                       "items": [trainingjob(f"job-{i:04d}", self.workers, pool) for i in range(jobs)]}  # fmt: skip
+            try:
+                submitted = time.monotonic()
+                self.kubectl.run("create", f"--namespace={namespace}", "-f", "-", input=json.dumps(listing),
+                                 timeout=600)  # fmt: skip
+                result: dict[str, Any] = self.measure_creation(watch, jobs * self.workers, submitted, timeout)
+                wait("every job Running", lambda: len(watch.jobs_running) >= jobs, timeout)
+                selector = f"{naming.ROLE_LABEL}={naming.ROLE_WORKER}"
+                result["seconds_to_finish_and_delete"] = self.finish_and_drain(namespace, selector, "tj", timeout)
+            finally:
+                watch.stop()
+            peak, cpu = process_usage(pid)
+        finally:
+            operator.stop()
+        events = audited_requests(self.audit_log, user)
+        result |= {
+            "idle_rss_mib": round(idle, 1),
+            "peak_rss_mib": round(peak, 1),
+            "cpu_seconds": round(cpu, 1),
+            "status_writes_per_job_until_running": status_writes_until_running(
+                events, "trainingjobs", watch.jobs_running
+            ),
+            "requests_per_job": requests_by_kind(events, jobs),
+        }
+        self.kubectl.delete("namespace", namespace, wait=False)
+        return result
+
+    # Kubeflow -------------------------------------------------------------------------------------
+
+    def install_kubeflow(self) -> None:
+        if self.kubeflow_crd_ready:
+            return
+        crd = (
+            binaries.module_source("training-operator")
+            / "manifests"
+            / "base"
+            / "crds"
+            / "kubeflow.org_pytorchjobs.yaml"
+        )
+        self.kubectl.run("apply", "--server-side", f"--filename={crd}")
+        self.kubectl.run("wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=60s")
+        self.namespace("kubeflow")  # where its certificate rotator keeps a Secret
+        self.kubeflow_crd_ready = True
+
+    def start_kubeflow(self, contender: str, kubeconfig: pathlib.Path) -> int:
+        binary = binaries.ensure_binaries(["training-operator"])["training-operator"]
+        certs = self.workdir / f"{contender}-certs"
+        crt, key = self.cluster.issue_cert("serving", "/CN=training-operator", sans=["IP:127.0.0.1"], client=False,
+                                           server=True, directory=certs)  # fmt: skip
+        # Its certificate rotator reads a fixed /tmp path: give it a private /tmp holding our
+        # certificate, so the host's /tmp is never written.
+        script = (
+            "mount -t tmpfs tmpfs /tmp && mkdir -p /tmp/k8s-webhook-server/serving-certs && "
+            f"cp {crt} /tmp/k8s-webhook-server/serving-certs/tls.crt && "
+            f'cp {key} /tmp/k8s-webhook-server/serving-certs/tls.key && exec "$0" "$@"'
+        )
+        health = free_port()
+        popen = self.cluster.spawn(
+            contender,
+            [
+                "unshare", "--mount", "--propagation=private", "sh", "-c", script, binary,
+                f"--kubeconfig={kubeconfig}", "--enable-scheme=pytorchjob", "--metrics-bind-address=0",
+                f"--health-probe-bind-address=127.0.0.1:{health}", f"--webhook-server-port={free_port()}",
+                *KUBEFLOW_TUNING[contender],
+            ],
+            env={"MY_POD_NAMESPACE": "kubeflow", "PATH": "/usr/bin:/bin", "HOME": str(self.workdir)},
+        )  # fmt: skip
+
+        def ready() -> bool:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as response,
+            ):
+                return bool(response.status == 200)
+            return False
+
+        wait(f"{contender} ready", ready, 90)
+        return popen.pid
+
+    def kubeflow(self, contender: str, jobs: int, pool: str, timeout: float) -> dict[str, Any]:
+        self.install_kubeflow()
+        namespace = self.namespace(f"scale-{contender}-{jobs}")
+        user = f"bench-{contender}-{jobs}"
+        pid = self.start_kubeflow(contender, self.identity(user))
+        try:
+            time.sleep(3)
+            idle = rss_mib(pid)
+            label, value = KUBEFLOW_WORKER_LABEL
+            watch = Watch(self.cluster, namespace, lambda pod: pod["metadata"].get("labels", {}).get(label) == value)
+            watch.start("/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs",
+                        lambda job: any(c.get("type") == "Running" and c.get("status") == "True"
+                                        for c in (job.get("status") or {}).get("conditions", [])))  # fmt: skip
+            listing = {"apiVersion": "v1", "kind": "List",
+                       "items": [pytorchjob(f"job-{i:04d}", self.workers, pool) for i in range(jobs)]}  # fmt: skip
+            try:
+                submitted = time.monotonic()
+                self.kubectl.run("create", f"--namespace={namespace}", "-f", "-", input=json.dumps(listing),
+                                 timeout=600)  # fmt: skip
+                result: dict[str, Any] = self.measure_creation(watch, jobs * self.workers, submitted, timeout)
+                wait("every job Running", lambda: len(watch.jobs_running) >= jobs, timeout)
+                result["seconds_to_finish_and_delete"] = self.finish_and_drain(
+                    namespace, f"{label}={value}", "pytorchjobs.kubeflow.org", timeout
+                )
+            finally:
+                watch.stop()
+            peak, cpu = process_usage(pid)
+        finally:
+            self.cluster.stop_process(contender)
+        events = audited_requests(self.audit_log, user)
+        result |= {
+            "idle_rss_mib": round(idle, 1),
+            "peak_rss_mib": round(peak, 1),
+            "cpu_seconds": round(cpu, 1),
+            "status_writes_per_job_until_running": status_writes_until_running(
+                events, "pytorchjobs", watch.jobs_running
+            ),
+            "requests_per_job": requests_by_kind(events, jobs),
+        }
+        self.kubectl.delete("namespace", namespace, wait=False)
+        return result
+
+
+@contextlib.contextmanager
+def bench_cluster(workdir: pathlib.Path) -> Iterator[LocalCluster]:
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+    cluster = LocalCluster(
+        workdir / "cluster",
+        kwok=True,
+        extra_apiserver_args=[f"--audit-policy-file={policy}", f"--audit-log-path={workdir / 'audit.log'}",
+                              "--audit-log-maxsize=0", "--audit-log-format=json"],
+    )  # fmt: skip
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    # Outside /tmp: the training operator runs with a private, empty /tmp.
+    scratch_root = binaries.cache_dir() / "bench"
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="scale-", dir=scratch_root) as scratch:
+        workdir = pathlib.Path(scratch)
+        with bench_cluster(workdir) as cluster:
+            kubectl = Kubectl(cluster.kubeconfig)
+            for path in cluster_crds():
+                kubectl.apply(yaml.safe_load(path.read_text()))
+            kubectl.run("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+            bench = Bench(cluster, workdir, args.workers)
+            nodes = 0
+            for jobs in args.sizes:
+                pool = f"size-{jobs}"
+                cluster.add_gpu_nodes(jobs, gpus_per_node=args.workers, labels={POOL_LABEL: pool}, cpu="64",
+                                      name_prefix=f"scale-{jobs}-", timeout=600)  # fmt: skip
+                nodes += jobs
+                size: dict[str, Any] = {}
+                for contender in args.contenders:
+                    say(f"{jobs} x {args.workers} workers on {jobs} nodes: {contender}")
+                    if contender == "raw":
+                        size[contender] = bench.raw(jobs, pool, args.timeout)
+                    elif contender == "phalanx":
+                        size[contender] = bench.phalanx(jobs, pool, args.timeout)
+                    else:
+                        size[contender] = bench.kubeflow(contender, jobs, pool, args.timeout)
+                    say(f"  {json.dumps(size[contender])}")
+                    wait_pods_gone(kubectl, pool)
+                add_ratios(size)
+                results[f"{jobs}x{args.workers}"] = size
+    return results
+
+
+def wait_pods_gone(kubectl: Kubectl, pool: str) -> None:
+    """The next contender starts on empty nodes."""
+    wait("the previous contender's pods gone", lambda: not [
+        ns for ns in kubectl.list("namespaces") if ns["metadata"]["name"].startswith("scale-")
+        and ns.get("status", {}).get("phase") == "Terminating"], 600)  # fmt: skip
+
+
+def add_ratios(size: dict[str, Any]) -> None:
+    raw = size.get("raw", {}).get("seconds_to_all_created")
+    ours = size.get("phalanx", {}).get("seconds_to_all_created")
+    ratios: dict[str, float] = {}
+    if raw and ours:
+        ratios["phalanx_created_over_raw"] = round(ours / raw, 2)
+    for contender in ("kubeflow-default", "kubeflow-tuned"):
+        theirs = size.get(contender, {}).get("seconds_to_all_created")
+        if theirs and ours:
+            ratios[f"{contender}_created_over_phalanx"] = round(theirs / ours, 2)
+        rss = size.get(contender, {}).get("peak_rss_mib")
+        if rss and size.get("phalanx", {}).get("peak_rss_mib"):
+            ratios[f"phalanx_peak_rss_over_{contender}"] = round(size["phalanx"]["peak_rss_mib"] / rss, 2)
+    size["ratios"] = ratios
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_scale", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--sizes", default="100,250", help="job counts, comma-separated (default 100,250)")
+    parser.add_argument("--workers", type=int, default=8, help="workers per job (default 8)")
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--timeout", type=float, default=900.0, help="per phase of one contender")
+    args = parser.parse_args(argv)
+    args.sizes = [int(size) for size in args.sizes.split(",")]
+    args.contenders = [c for c in args.contenders.split(",") if c]
+    unknown = set(args.contenders) - set(CONTENDERS)
+    if unknown:
+        parser.error(f"unknown contenders {sorted(unknown)}; known: {', '.join(CONTENDERS)}")
+    measured = commit()
+    with stop_on_signals():
+        results = run(args)
+    config = {"sizes": args.sizes, "workers": args.workers, "contenders": args.contenders,
+              "raw_in_flight": RAW_IN_FLIGHT}  # fmt: skip
+    print(json.dumps({"benchmark": "scale", "commit": measured, "cpus": os.cpu_count(), "config": config,
+                      "sizes": results}, indent=2))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
