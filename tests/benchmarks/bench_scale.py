@@ -204,6 +204,11 @@ class Watch:
         self.stopping.set()
 
 
+def has_condition(obj: dict[str, Any] | None, kind: str) -> bool:
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+
+
 def wait(what: str, ok: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not ok():
@@ -401,8 +406,13 @@ class Bench:
             / "kubeflow.org_pytorchjobs.yaml"
         )
         self.kubectl.run("apply", "--server-side", f"--filename={crd}")
-        self.kubectl.run("wait", "--for=condition=Established", "crd/pytorchjobs.kubeflow.org", "--timeout=60s")
-        self.namespace("kubeflow")  # where its certificate rotator keeps a Secret
+        established = lambda: has_condition(self.kubectl.get("crd", "pytorchjobs.kubeflow.org"), "Established")  # noqa: E731
+        wait("the PyTorchJob CRD Established", established, 60)
+        self.namespace("kubeflow")
+        # Its certificate rotator fills this Secret (as the chart's manifests would create it) and
+        # writes the webhook certificate from it into its private /tmp.
+        secret = {"name": "training-operator-webhook-cert", "namespace": "kubeflow"}
+        self.kubectl.apply({"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": secret})
         self.kubeflow_crd_ready = True
 
     def start_kubeflow(self, contender: str, kubeconfig: pathlib.Path) -> int:
@@ -437,7 +447,12 @@ class Bench:
                 return bool(response.status == 200)
             return False
 
-        wait(f"{contender} ready", ready, 90)
+        try:
+            wait(f"{contender} ready", ready, 90)
+        except TimeoutError:
+            log = self.cluster.log_dir / f"{contender}.log"
+            say("\n".join(log.read_text(errors="replace").splitlines()[-30:]) if log.exists() else "(no log)")
+            raise
         return popen.pid
 
     def kubeflow(self, contender: str, jobs: int, pool: str, timeout: float) -> dict[str, Any]:
@@ -451,8 +466,7 @@ class Bench:
             label, value = KUBEFLOW_WORKER_LABEL
             watch = Watch(self.cluster, namespace, lambda pod: pod["metadata"].get("labels", {}).get(label) == value)
             watch.start("/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs",
-                        lambda job: any(c.get("type") == "Running" and c.get("status") == "True"
-                                        for c in (job.get("status") or {}).get("conditions", [])))  # fmt: skip
+                        lambda job: has_condition(job, "Running"))  # fmt: skip
             listing = {"apiVersion": "v1", "kind": "List",
                        "items": [pytorchjob(f"job-{i:04d}", self.workers, pool) for i in range(jobs)]}  # fmt: skip
             try:
