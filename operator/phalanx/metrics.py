@@ -8,6 +8,7 @@ histogram is labelled by namespace only: a histogram per job would multiply seri
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -70,6 +71,9 @@ class _Seen:
 
 
 _seen: dict[tuple[str, str], _Seen] = {}
+_jobs_by_phase: collections.Counter[str | None] = collections.Counter()  # kept with _seen, never recounted
+for _phase in PHASES:  # every phase is exported, 0 until a job is in it
+    JOBS.labels(_phase).set(0)
 _relists: dict[tuple[str, str | None], int] = {}
 _synced: dict[tuple[str, str | None], bool] = {}
 
@@ -142,12 +146,19 @@ def observe_job(key: tuple[str, str], sample: JobSample) -> None:
             if count > seen.restarts.get(reason, 0):
                 RESTARTS.labels(namespace, name, reason).inc(count - seen.restarts.get(reason, 0))
     _seen[key] = _Seen(phase, by_reason)
-    _count_phases()
+    if seen is None or seen.phase != phase:
+        _move_job(seen.phase if seen is not None else None, phase, new=seen is None)
 
 
-def _count_phases() -> None:
-    for phase in PHASES:
-        JOBS.labels(phase).set(sum(1 for seen in _seen.values() if seen.phase == phase))
+def _move_job(before: str | None, after: str | None, *, new: bool = False, gone: bool = False) -> None:
+    """One job changed phase (or came, or went): adjust the two phase totals it touches."""
+    if not new:
+        _jobs_by_phase[before] -= 1
+    if not gone:
+        _jobs_by_phase[after] += 1
+    for phase in {before, after}:
+        if phase in PHASES:
+            JOBS.labels(phase).set(_jobs_by_phase[phase])
 
 
 def forget_job(key: tuple[str, str]) -> None:
@@ -166,4 +177,5 @@ def forget_job(key: tuple[str, str]) -> None:
     for direction in ("up", "down"):
         with contextlib.suppress(KeyError):
             RESCALES.remove(namespace, name, direction)
-    _count_phases()
+    if seen is not None:
+        _move_job(seen.phase, None, gone=True)

@@ -6,10 +6,10 @@
 One control plane with KWOK nodes (one 8-GPU node per job), one run. For each size (jobs x
 workers, one GPU per worker) each contender in turn gets a namespace of its own and the same jobs:
 
-- ``raw``: an asynchronous client (16 requests in flight) creating exactly the objects phalanx's
-  planner renders for those jobs (per job a Service, the rendezvous store pod and the worker pods;
-  rendered by ``phalanx.reconcile.desired``, less their owner references, which would point at
-  TrainingJobs that do not exist);
+- ``raw``: an asynchronous client (``--in-flight`` requests at once, as many as phalanx may send)
+  creating exactly the objects phalanx's planner renders for those jobs (per job a Service, the
+  rendezvous store pod and the worker pods, rendered by ``phalanx.reconcile.desired``, less their
+  owner references, which would point at TrainingJobs that do not exist);
 - ``phalanx``: ``phalanx run`` given TrainingJobs (min = max = desired, ``ttlSecondsAfterFinished: 0``);
 - ``kubeflow-default`` / ``kubeflow-tuned``: Kubeflow's training operator (built from its Go module,
   tests/cluster/go/training-operator) given equivalent elastic PyTorchJobs, at its client defaults
@@ -33,9 +33,11 @@ import collections
 import contextlib
 import datetime
 import json
+import math
 import os
 import pathlib
 import ssl
+import statistics
 import sys
 import tempfile
 import threading
@@ -47,6 +49,7 @@ from typing import Any
 import aiohttp
 import yaml
 
+from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT
 from phalanx.reconcile import desired, environment, naming
 from tests.benchmarks.harness import commit, stop_on_signals
 from tests.cluster import binaries
@@ -71,7 +74,6 @@ AUDIT_POLICY = {
     "omitStages": ["RequestReceived"],
     "rules": [{"level": "Metadata", "userGroups": ["phalanx:bench"]}, {"level": "None"}],
 }
-RAW_IN_FLIGHT = 16
 
 
 def say(message: str) -> None:
@@ -149,6 +151,8 @@ class Watch:
         self.is_worker = is_worker
         self.created: dict[str, float] = {}
         self.running: dict[str, float] = {}
+        self.first_seen: dict[str, tuple[str, float]] = {}  # uid -> (name, when its pod was first seen)
+        self.failed: dict[str, tuple[str, float]] = {}  # uid -> (name, when first seen Failed)
         self.jobs_running: dict[str, float] = {}
         self.stopping = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -186,10 +190,14 @@ class Watch:
         def on_pod(pod: dict[str, Any], now: float) -> None:
             if not self.is_worker(pod):
                 return
-            name = pod["metadata"]["name"]
+            name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
             self.created.setdefault(name, now)
-            if pod.get("status", {}).get("phase") == "Running":
+            self.first_seen.setdefault(uid, (name, now))
+            phase = pod.get("status", {}).get("phase")
+            if phase == "Running":
                 self.running.setdefault(name, now)
+            elif phase == "Failed":
+                self.failed.setdefault(uid, (name, now))
 
         def on_job(job: dict[str, Any], now: float) -> None:
             if job_running(job):
@@ -232,6 +240,7 @@ def rss_mib(pid: int) -> float:
 
 
 def audited_requests(audit_log: pathlib.Path, user: str) -> list[dict[str, Any]]:
+    time.sleep(3)  # the audit backend writes in batches, at least every second
     events = []
     with audit_log.open() as lines:
         for line in lines:
@@ -271,8 +280,19 @@ def status_writes_until_running(events: list[dict[str, Any]], resource: str, run
 
 
 class Bench:
-    def __init__(self, cluster: LocalCluster, workdir: pathlib.Path, workers: int) -> None:
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        workdir: pathlib.Path,
+        workers: int,
+        *,
+        in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        memory_profiles: pathlib.Path | None = None,
+    ) -> None:
         self.cluster = cluster
+        self.in_flight = in_flight
+        self.operator_env = {"PHALANX_MAX_IN_FLIGHT": str(in_flight)}
+        self.memory_profiles = memory_profiles
         self.workdir = workdir
         self.workers = workers
         self.kubectl = Kubectl(cluster.kubeconfig)
@@ -301,9 +321,16 @@ class Bench:
 
     def finish_and_drain(self, namespace: str, selector: str, resource: str, timeout: float) -> float:
         started = time.monotonic()
-        self.kubectl.run("label", "pods", f"--namespace={namespace}", f"--selector={selector}", "--overwrite",
-                         "kwok.phalanx.dev/exit-code=0", timeout=300)  # fmt: skip
-        wait("every job finished and deleted by its TTL", lambda: not self.kubectl.list(resource, namespace), timeout)
+
+        def finished() -> bool:
+            if not self.kubectl.list(resource, namespace):
+                return True
+            # Pods of jobs that finished go while the label is being set: repeat for those left.
+            self.kubectl.run("label", "pods", f"--namespace={namespace}", f"--selector={selector}", "--overwrite",
+                             "kwok.phalanx.dev/exit-code=0", timeout=300, check=False)  # fmt: skip
+            return False
+
+        wait("every job finished and deleted by its TTL", finished, timeout)
         return round(time.monotonic() - started, 2)
 
     # raw ------------------------------------------------------------------------------------------
@@ -331,8 +358,8 @@ class Bench:
         context = ssl.create_default_context(cafile=str(self.cluster.ca_cert))
         pki = self.workdir / "pki"
         context.load_cert_chain(str(pki / f"{user}.crt"), str(pki / f"{user}.key"))
-        gate = asyncio.Semaphore(RAW_IN_FLIGHT)
-        connector = aiohttp.TCPConnector(ssl=context, limit=RAW_IN_FLIGHT)
+        gate = asyncio.Semaphore(self.in_flight)
+        connector = aiohttp.TCPConnector(ssl=context, limit=self.in_flight)
         async with aiohttp.ClientSession(connector=connector) as session:
 
             async def create(obj: dict[str, Any]) -> None:
@@ -354,8 +381,15 @@ class Bench:
     def phalanx(self, jobs: int, pool: str, timeout: float) -> dict[str, Any]:
         namespace = self.namespace(f"scale-phalanx-{jobs}")
         user = f"bench-phalanx-{jobs}"
+        profile: list[str] = []
+        if self.memory_profiles is not None:  # memray's peak-memory view: `memray flamegraph --temporal F`
+            self.memory_profiles.mkdir(parents=True, exist_ok=True)
+            out = self.memory_profiles / f"phalanx-{jobs}x{self.workers}.bin"
+            out.unlink(missing_ok=True)
+            profile = ["-m", "memray", "run", "--quiet", "--output", str(out)]
         # every namespace, as Kubeflow's operator watches
-        operator = OperatorProcess(self.identity(user), self.workdir / f"phalanx-{jobs}.log").start()
+        operator = OperatorProcess(self.identity(user), self.workdir / f"phalanx-{jobs}.log",
+                                   extra_env=self.operator_env, python_options=profile).start()  # fmt: skip
         assert operator.process is not None
         pid = operator.process.pid
         try:
@@ -392,6 +426,79 @@ class Bench:
         }
         self.kubectl.delete("namespace", namespace, wait=False)
         return result
+
+    def failure_reaction(self, jobs: int, pool: str, samples: int, timeout: float) -> dict[str, Any]:
+        """With jobs x workers pods Running and jobs being deleted and created beside them, fail one
+        worker at a time and time failure (seen Failed) -> replacement (same name, new uid, seen).
+        These jobs allow one worker fewer (min = workers - 1), so a failure replaces that worker
+        alone (min = max would restart the whole gang)."""
+        namespace = self.namespace(f"scale-failures-{jobs}")
+        user = f"bench-phalanx-failures-{jobs}"
+        operator = OperatorProcess(
+            self.identity(user), self.workdir / f"phalanx-failures-{jobs}.log", extra_env=self.operator_env
+        ).start()
+        churn_stop = threading.Event()
+        try:
+            watch = Watch(self.cluster, namespace, lambda pod: pod["metadata"].get("labels", {}).get(naming.ROLE_LABEL)
+                          == naming.ROLE_WORKER)  # fmt: skip
+            watch.start("/apis/phalanx.dev/v1alpha1/namespaces/{namespace}/trainingjobs",
+                        lambda job: (job.get("status") or {}).get("phase") == "Running")  # fmt: skip
+            churned = max(1, jobs // 10)  # the last tenth is deleted and created again, over and over
+            bodies = [trainingjob(f"job-{i:04d}", self.workers, pool) for i in range(jobs)]
+            for body in bodies:
+                body["spec"]["workers"]["min"] = self.workers - 1
+                body["spec"]["failurePolicy"] = {"maxRestarts": samples + 10}
+            self.kubectl.run("create", f"--namespace={namespace}", "-f", "-", timeout=600,
+                             input=json.dumps({"apiVersion": "v1", "kind": "List", "items": bodies}))  # fmt: skip
+            wait("every job Running", lambda: len(watch.jobs_running) >= jobs, timeout)
+            say(f"  {jobs * self.workers} workers Running; failing {samples} workers while {churned} jobs churn")
+
+            def churn() -> None:
+                rounds = 0
+                while not churn_stop.is_set():
+                    body = bodies[jobs - 1 - rounds % churned]
+                    name = body["metadata"]["name"]
+                    with contextlib.suppress(Exception):
+                        self.kubectl.delete("tj", name, namespace=namespace)
+                        self.kubectl.create(body, namespace=namespace)
+                    rounds += 1
+
+            churner = threading.Thread(target=churn, daemon=True)
+            churner.start()
+            victims = [f"job-{i:04d}-worker-{i % self.workers}" for i in range(jobs - churned)][:samples]
+            reactions = [self.fail_and_time(namespace, watch, victim) for victim in victims]
+            churn_stop.set()
+            churner.join(timeout=60)
+            watch.stop()
+            peak, cpu = process_usage(operator.process.pid) if operator.process else (0.0, 0.0)
+        finally:
+            churn_stop.set()
+            operator.stop()
+        self.kubectl.delete("namespace", namespace, wait=False)
+        ordered = sorted(reactions)
+        return {
+            "samples": len(ordered),
+            "failed_to_replacement_median_s": round(statistics.median(ordered), 3),
+            "failed_to_replacement_p99_s": round(ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)], 3),
+            "failed_to_replacement_max_s": ordered[-1],
+            "churned_jobs": churned,
+            "peak_rss_mib": round(peak, 1),
+            "cpu_seconds": round(cpu, 1),
+        }
+
+    def fail_and_time(self, namespace: str, watch: Watch, victim: str) -> float:
+        """Fail one worker; seconds from the watch seeing it Failed to seeing its replacement."""
+        uid = ((self.kubectl.get("pod", victim, namespace) or {}).get("metadata") or {}).get("uid", "")
+        self.cluster.finish_pod(namespace, victim, 1)
+
+        def replaced() -> float | None:
+            if uid not in watch.failed:
+                return None
+            return next((seen for other, (name, seen) in list(watch.first_seen.items())
+                         if name == victim and other != uid), None)  # fmt: skip
+
+        wait(f"{victim} replaced", lambda: replaced() is not None, 60)
+        return round((replaced() or 0.0) - watch.failed[uid][1], 4)
 
     # Kubeflow -------------------------------------------------------------------------------------
 
@@ -505,7 +612,8 @@ def bench_cluster(workdir: pathlib.Path) -> Iterator[LocalCluster]:
         workdir / "cluster",
         kwok=True,
         extra_apiserver_args=[f"--audit-policy-file={policy}", f"--audit-log-path={workdir / 'audit.log'}",
-                              "--audit-log-maxsize=0", "--audit-log-format=json"],
+                              "--audit-log-maxsize=0", "--audit-log-format=json", "--audit-log-mode=batch",
+                              "--audit-log-batch-buffer-size=200000", "--audit-log-batch-max-wait=1s"],
     )  # fmt: skip
     try:
         cluster.start()
@@ -526,7 +634,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for path in cluster_crds():
                 kubectl.apply(yaml.safe_load(path.read_text()))
             kubectl.run("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-            bench = Bench(cluster, workdir, args.workers)
+            bench = Bench(cluster, workdir, args.workers, in_flight=args.in_flight, memory_profiles=args.memory_profile)
             nodes = 0
             for jobs in args.sizes:
                 pool = f"size-{jobs}"
@@ -543,6 +651,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     else:
                         size[contender] = bench.kubeflow(contender, jobs, pool, args.timeout)
                     say(f"  {json.dumps(size[contender])}")
+                    wait_pods_gone(kubectl, pool)
+                if args.failures and "phalanx" in args.contenders and jobs * args.workers >= args.failures_at:
+                    say(f"{jobs} x {args.workers}: worker failures under churn")
+                    size["phalanx_failures"] = bench.failure_reaction(jobs, pool, args.failures, args.timeout)
+                    say(f"  {json.dumps(size['phalanx_failures'])}")
                     wait_pods_gone(kubectl, pool)
                 add_ratios(size)
                 results[f"{jobs}x{args.workers}"] = size
@@ -579,6 +692,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=8, help="workers per job (default 8)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
     parser.add_argument("--timeout", type=float, default=900.0, help="per phase of one contender")
+    parser.add_argument("--in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT,
+                        help="requests at once for the raw client and phalanx (PHALANX_MAX_IN_FLIGHT); "
+                        f"default {DEFAULT_MAX_IN_FLIGHT}, phalanx's")  # fmt: skip
+    parser.add_argument("--failures", type=int, default=30, help="worker failures to time (0: none)")
+    parser.add_argument("--failures-at", type=int, default=2000, help="only at sizes with at least this many workers")
+    parser.add_argument("--memory-profile", type=pathlib.Path, metavar="DIR",
+                        help="run phalanx under memray (pip install memray) and keep its captures in DIR; "
+                        "its RSS then includes the profiler's")  # fmt: skip
     args = parser.parse_args(argv)
     args.sizes = [int(size) for size in args.sizes.split(",")]
     args.contenders = [c for c in args.contenders.split(",") if c]
@@ -589,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     with stop_on_signals():
         results = run(args)
     config = {"sizes": args.sizes, "workers": args.workers, "contenders": args.contenders,
-              "raw_in_flight": RAW_IN_FLIGHT}  # fmt: skip
+              "in_flight": args.in_flight}  # fmt: skip
     print(json.dumps({"benchmark": "scale", "commit": measured, "cpus": os.cpu_count(), "config": config,
                       "sizes": results}, indent=2))  # fmt: skip
     return 0

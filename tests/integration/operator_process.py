@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -29,9 +30,16 @@ class OperatorProcess:
     """`phalanx run --standalone` against a kubeconfig, watching one namespace (or all)."""
 
     def __init__(
-        self, kubeconfig: Path, log: Path, *, namespace: str | None = None, extra_env: dict[str, str] | None = None
+        self,
+        kubeconfig: Path,
+        log: Path,
+        *,
+        namespace: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        python_options: Sequence[str] = (),
     ) -> None:
         self.kubeconfig = kubeconfig
+        self.python_options = list(python_options)  # before `-m phalanx`: a profiler's `-m memray run -o F`
         self.log_path = log
         self.namespace = namespace
         self.metrics_port = free_port()
@@ -53,6 +61,7 @@ class OperatorProcess:
         scope = [f"--namespace={self.namespace}"] if self.namespace else ["--all-namespaces"]
         command = [
             sys.executable,
+            *self.python_options,
             "-m",
             "phalanx",
             "run",

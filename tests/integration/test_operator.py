@@ -108,8 +108,10 @@ def test_status_is_written_on_the_first_visit_and_children_appear(
         assert env["PET_RDZV_ENDPOINT"] == f"demo-rdzv.{namespace}.svc:29400"
         full = kubectl.json("get", "pod", pod["metadata"]["name"], f"--namespace={namespace}", "--show-managed-fields")
         assert {entry["manager"] for entry in full["metadata"]["managedFields"]} >= {"phalanx"}
-        assert full["metadata"]["managedFields"][0]["operation"] == "Apply"
-    service = kubectl.get("service", "demo-rdzv", namespace)
+        assert full["metadata"]["managedFields"][0]["operation"] == "Update"  # POSTed: pods are never applied again
+    service = kubectl.json("get", "service", "demo-rdzv", f"--namespace={namespace}", "--show-managed-fields")
+    # a Service is applied (its drift is corrected by later applies of the same field manager)
+    assert [(e["manager"], e["operation"]) for e in service["metadata"]["managedFields"]] == [("phalanx", "Apply")]
     assert service is not None and service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
     assert kubectl.get("pod", "demo-rdzv", namespace) is not None

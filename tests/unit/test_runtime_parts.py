@@ -95,6 +95,25 @@ def pods_of(cache: ChildCache, uid: str = JOB_UID) -> dict[str, str]:
     return {record.name: record.phase for record in cache.pods_of(uid)}
 
 
+def test_child_cache_knows_which_jobs_wait_for_a_node_as_their_pods_change() -> None:
+    cache = ChildCache()
+    waiting = pod("demo-worker-0", "5", phase="Pending", node="")
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes"}
+    waiting["status"] = {"phase": "Pending", "conditions": [unschedulable]}
+    cache.observe("ADDED", waiting)
+    cache.observe("ADDED", pod("demo-worker-1", "6"))
+    assert cache.jobs_waiting_for_nodes() == {("ml", "demo")}
+    cache.observe("MODIFIED", pod("demo-worker-0", "7"))  # bound now
+    assert cache.jobs_waiting_for_nodes() == set()
+    cache.observe("MODIFIED", {**waiting, "metadata": {**waiting["metadata"], "resourceVersion": "8"}})  # type: ignore[dict-item]
+    cache.mark_deleting(JOB_UID, "demo-worker-0")  # our deletion: it waits for nothing any more
+    assert cache.jobs_waiting_for_nodes() == set()
+    cache.observe("MODIFIED", {**waiting, "metadata": {**waiting["metadata"], "resourceVersion": "9"}})  # type: ignore[dict-item]
+    assert cache.jobs_waiting_for_nodes() == {("ml", "demo")}
+    cache.observe("DELETED", waiting)
+    assert cache.jobs_waiting_for_nodes() == set()
+
+
 def test_child_cache_keeps_newest_records_and_forgets_deleted() -> None:
     cache = ChildCache()
     assert cache.observe("ADDED", pod("demo-worker-0", "5")) == ("ml", "demo")
@@ -154,6 +173,27 @@ def test_job_cache_prefers_newer_versions() -> None:
     key = cache.update(body)
     cache.update({"metadata": {**body["metadata"], "resourceVersion": "9"}, "stale": True})
     assert "stale" not in (cache.get(key) or {})
+
+
+def test_job_cache_keeps_no_field_manager_bookkeeping_and_no_last_applied_copy() -> None:
+    cache = JobCache()
+    annotations = {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "team": "vision"}
+    metadata = {"name": "demo", "namespace": "ml", "uid": "u", "resourceVersion": "10", "annotations": annotations,
+                "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]}  # fmt: skip
+    body = {"metadata": metadata, "spec": {"workers": {"desired": 2}}}
+    kept = cache.get(cache.update(body)) or {}
+    assert kept["metadata"]["annotations"] == {"team": "vision"} and "managedFields" not in kept["metadata"]
+    assert kept["spec"] == body["spec"] and "managedFields" in metadata  # the caller's body is left alone
+
+
+def test_a_job_the_operator_deleted_is_gone_from_the_cache_at_once_but_a_successor_stays() -> None:
+    changes: list[tuple[tuple[str, str], bool]] = []
+    cache = JobCache(on_change=lambda key, gone: changes.append((key, gone)))
+    key = cache.update({"metadata": {"name": "a", "namespace": "ml", "uid": "new", "resourceVersion": "5"}})
+    cache.deleted(key, "old")  # a predecessor's UID: the job now in the cache stays
+    assert cache.get(key) is not None and changes == []
+    cache.deleted(key, "new")
+    assert cache.get(key) is None and changes == [(key, True)]
 
 
 def test_node_cache_reports_readiness_changes() -> None:

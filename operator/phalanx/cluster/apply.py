@@ -1,17 +1,18 @@
 """Carry out a Plan against the API server, feeding every response back into the caches.
 
 Order matters for crash safety: status first (it records a new attempt, and the UIDs of the
-failures it counts, before anything else happens), then the gang's PodGroup, the Service and
-the store, then workers in parallel (bounded by the client's cap), then deletions, then events.
+failures it counts, before anything else happens), then the gang's PodGroup, then the Service,
+the store and the workers in parallel (bounded by the client's cap), then deletions, then events.
+A status write that only reports progress may be held back for a moment (``StatusPacer``).
 A SIGKILL between any two requests leaves a state the next pass completes without counting or
 creating anything twice:
 
 - the status write is conditional on the resourceVersion the plan was made from, so a status
   computed from a stale view is refused (409) instead of overwriting a newer one;
-- children are created by a server-side apply that refuses to touch an existing object
-  (``ApiClient.create``): a name held by an object this job does not control is left alone and
-  reported, and a create that finds our own object (the response was lost, or the cache was
-  behind) just takes it into the cache;
+- children are created in a way that never touches an existing object (``ApiClient.create``:
+  pods by POST, the rest by a create-only server-side apply): a name held by an object this job
+  does not control is left alone and reported, and a create that finds our own object (the
+  response was lost, or the cache was behind) just takes it into the cache;
 - drifted Services and PodGroups are server-side applied with their UID as a precondition;
 - pods are deleted with their UID as a precondition, so only the pod that was planned goes.
 
@@ -26,8 +27,9 @@ import asyncio
 import dataclasses
 import logging
 import re
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -35,17 +37,18 @@ from typing import Any
 import aiohttp
 
 from phalanx.api import v1alpha1 as api
-from phalanx.cluster.cache import ChildCache, JobCache, controller_of
+from phalanx.cluster.cache import ChildCache, JobCache, JobKey, controller_of
 from phalanx.cluster.client import ApiClient, ApiError
-from phalanx.reconcile import naming
 from phalanx.reconcile.observed import Refusal
-from phalanx.reconcile.plan import Event, Plan, status_changed
+from phalanx.reconcile.plan import Event, Plan, progress_only, status_changed
 from phalanx.reconcile.status import format_time
 
 logger = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "phalanx"
 MAX_EVENT_MESSAGE = 1024
+PROGRESS_WRITE_SECONDS = 5.0  # PHALANX_STATUS_PROGRESS_SECONDS
+BUSY_PROGRESS_WRITE_SECONDS = 30.0
 RBAC_REFUSAL = re.compile(r'is forbidden: User "[^"]*" cannot ')
 
 
@@ -124,6 +127,42 @@ class RefusalMemory:
         return woken
 
 
+class StatusPacer:
+    """When each job's status was last written: a write that only reports progress (plan.progress_only)
+    goes out at most once per ``interval`` and carries what changed meanwhile, so a gang of pods
+    starting one by one costs one write, not one per pod. While the operator is ``busy`` (jobs wait
+    in its queue), progress waits up to ``busy_interval``: the requests go to creating what jobs
+    need. Decisions are never held back."""
+
+    def __init__(
+        self,
+        interval: float = PROGRESS_WRITE_SECONDS,
+        *,
+        busy_interval: float = BUSY_PROGRESS_WRITE_SECONDS,
+        busy: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.interval = interval
+        self.busy_interval = busy_interval
+        self.busy = busy
+        self._clock = clock
+        self._written: dict[JobKey, float] = {}
+
+    def hold(self, key: JobKey) -> float:
+        """Seconds a progress-only write of this job should still wait (0: write now)."""
+        written = self._written.get(key)
+        if written is None:
+            return 0.0
+        interval = max(self.interval, self.busy_interval) if self.busy() else self.interval
+        return max(0.0, written + interval - self._clock())
+
+    def wrote(self, key: JobKey) -> None:
+        self._written[key] = self._clock()
+
+    def forget(self, key: JobKey) -> None:
+        self._written.pop(key, None)
+
+
 @dataclass
 class Execution:
     """Everything one execution needs besides the plan."""
@@ -132,6 +171,7 @@ class Execution:
     jobs: JobCache
     children: ChildCache
     refusals: RefusalMemory
+    pacer: StatusPacer = dataclasses.field(default_factory=StatusPacer)
 
 
 async def _create(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any], now: datetime) -> None:
@@ -241,12 +281,20 @@ async def write_status(run: Execution, job: Mapping[str, Any], status: Mapping[s
     return True
 
 
-async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: datetime) -> None:
-    """Apply the plan. Raises AdmissionRefusedError when the API server refuses a child for good."""
+async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: datetime) -> float | None:
+    """Apply the plan; returns seconds until a status write held back for pacing is due (None: none
+    was). Raises AdmissionRefusedError when the API server refuses a child for good."""
     metadata = job["metadata"]
     namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
-    if plan.status and status_changed(job.get("status"), plan.status) and not await write_status(run, job, plan.status):
-        return
+    held: float | None = None
+    if plan.status and status_changed(job.get("status"), plan.status):
+        hold = run.pacer.hold((namespace, name)) if progress_only(job.get("status"), plan.status) else 0.0
+        if hold > 0:
+            held = hold
+        elif await write_status(run, job, plan.status):
+            run.pacer.wrote((namespace, name))
+        else:
+            return None
     known = run.children.objects_of(uid)
     pods = {pod.name: pod for pod in run.children.pods_of(uid)}
 
@@ -258,12 +306,12 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
         elif obj["kind"] != "Pod" or ident[1] not in pods:
             await _create(run, job, obj, now)
 
-    store = naming.rendezvous_name(name)
-    workers = [obj for obj in plan.apply if obj["kind"] == "Pod" and obj["metadata"]["name"] != store]
-    for obj in plan.apply:
-        if not any(obj is worker for worker in workers):
-            await put(obj)
-    await asyncio.gather(*(put(obj) for obj in workers))
+    # The gang's PodGroup before any pod (a scheduler that sees a pod first may place it alone);
+    # then the Service, the store and the workers together.
+    groups = [obj for obj in plan.apply if obj["kind"] == "PodGroup"]
+    for obj in groups:
+        await put(obj)
+    await asyncio.gather(*(put(obj) for obj in plan.apply if obj["kind"] != "PodGroup"))
 
     async def remove(kind: str, child: str, grace: int | None) -> None:
         pod = pods.get(child) if kind == "Pod" else None
@@ -274,7 +322,8 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
             run.children.mark_deleting(uid, child)
 
     await asyncio.gather(*(remove(d.kind, d.name, d.grace_seconds) for d in plan.delete))
-    for event in plan.events:
-        await post_event(run.client, job, event, now)
+    await asyncio.gather(*(post_event(run.client, job, event, now) for event in plan.events))
     if plan.delete_job:
         await run.client.delete(api.API_VERSION, api.KIND, namespace, name, plural=api.PLURAL, uid=uid)
+        run.jobs.deleted((namespace, name), uid)
+    return held

@@ -71,8 +71,22 @@ def controller_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+def _slim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body without what the operator never reads and what grows with every write: the field
+    managers' bookkeeping and kubectl's copy of the last applied manifest."""
+    metadata = dict(body.get("metadata") or {})
+    metadata.pop("managedFields", None)
+    annotations = metadata.get("annotations")
+    if annotations and LAST_APPLIED in annotations:
+        metadata["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return {**body, "metadata": metadata}
+
+
 class JobCache:
-    """The latest body of every TrainingJob, newest resourceVersion wins.
+    """The latest body of every TrainingJob, newest resourceVersion wins (slimmed: ``_slim``).
 
     ``on_change(key, gone)`` is called for every change; ``gone`` when the job no longer exists.
     """
@@ -94,7 +108,7 @@ class JobCache:
             or resource_version(body) >= resource_version(known)
             or known["metadata"].get("uid") != body["metadata"].get("uid")
         ):
-            self._bodies[key] = dict(body)
+            self._bodies[key] = _slim(body)
         return key
 
     def observe(self, event_type: str, obj: Mapping[str, Any]) -> None:
@@ -123,6 +137,14 @@ class JobCache:
 
     def forget(self, key: JobKey) -> None:
         self._bodies.pop(key, None)
+
+    def deleted(self, key: JobKey, uid: str) -> None:
+        """We deleted this job (its TTL ran out): act as on its DELETED event, so passes woken by
+        its pods going away meanwhile do not delete it again."""
+        known = self._bodies.get(key)
+        if known is not None and known["metadata"].get("uid") == uid:
+            self.forget(key)
+            self._notify(key, True)
 
     def get(self, key: JobKey) -> dict[str, Any] | None:
         return self._bodies.get(key)
@@ -157,6 +179,7 @@ class ChildCache:
         self._objects: dict[str, dict[tuple[str, str], ObjectRecord]] = defaultdict(dict)
         self._entries: dict[ObjectKey, _Entry] = {}
         self._labelled: dict[JobKey, set[tuple[str, str]]] = defaultdict(set)
+        self._waiting: dict[ObjectKey, JobKey] = {}  # pods the scheduler found no node for, by job
         self._on_change = on_change
         self._on_pod_gone = on_pod_gone
 
@@ -183,7 +206,10 @@ class ChildCache:
             self._labelled[(ident[1], label)].add((kind, ident[2]))
         if entry.owner_uid:
             if kind == "Pod":
-                self._pods[entry.owner_uid][ident[2]] = pod_record(body)
+                record = pod_record(body)
+                self._pods[entry.owner_uid][ident[2]] = record
+                if record.unschedulable_message and record.owner_name and not record.deleting:
+                    self._waiting[ident] = (record.namespace, record.owner_name)
             else:
                 self._objects[entry.owner_uid][(kind, ident[2])] = object_record(body)
         key = self._job_of(ident[1], entry)
@@ -215,6 +241,7 @@ class ChildCache:
 
     def _unfile(self, ident: ObjectKey, entry: _Entry) -> None:
         kind, namespace, name = ident
+        self._waiting.pop(ident, None)
         if entry.job_label:
             names = self._labelled.get((namespace, entry.job_label))
             if names is not None:
@@ -244,6 +271,7 @@ class ChildCache:
         record = self._pods.get(owner_uid, {}).get(name)
         if record is not None and not record.deleting:
             self._pods[owner_uid][name] = dataclasses.replace(record, deleting=True)
+            self._waiting.pop(("Pod", record.namespace, name), None)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -266,13 +294,9 @@ class ChildCache:
         return found
 
     def jobs_waiting_for_nodes(self) -> set[JobKey]:
-        """Jobs with a worker the scheduler found no node for."""
-        return {
-            (pod.namespace, pod.owner_name)
-            for pods in self._pods.values()
-            for pod in pods.values()
-            if pod.unschedulable_message and pod.owner_name and not pod.deleting
-        }
+        """Jobs with a worker the scheduler found no node for (kept as pods change: a pod that
+        goes away asks this, so it must not walk every pod)."""
+        return set(self._waiting.values())
 
     def jobs_in(self, namespace: str) -> set[JobKey]:
         """Jobs with pods in a namespace (to wake those a freed quota may help)."""
@@ -336,6 +360,9 @@ class NodeCache:
         self._unready: set[str] = set()
         self._known: set[str] = set()
         self._offers: dict[str, str] = {}  # schedulable node -> what it offers
+        # XOR of one digest per (node, offer): updated per node event, independent of order, so
+        # the fingerprint costs O(1) however many nodes there are
+        self._offer_digest = 0
         self._released = 0  # pods that went away (their node's resources are free again)
         self._fingerprint: str | None = None
         self._on_change = on_change
@@ -364,12 +391,16 @@ class NodeCache:
         return changed
 
     def _observe_offer(self, name: str, offer: str | None) -> None:
-        if self._offers.get(name) == offer:
+        before = self._offers.get(name)
+        if before == offer:
             return
+        if before is not None:
+            self._offer_digest ^= _offer_digest(name, before)
         if offer is None:
             del self._offers[name]
         else:
             self._offers[name] = offer
+            self._offer_digest ^= _offer_digest(name, offer)
         self._fingerprint = None
         if self._on_capacity is not None:
             self._on_capacity()
@@ -395,9 +426,13 @@ class NodeCache:
         """A short digest of what the schedulable nodes offer and of the pods that freed some of it
         ("" when no node is known)."""
         if self._fingerprint is None:
-            listing = json.dumps([sorted(self._offers.items()), self._released], separators=(",", ":"))
+            listing = f"{self._offer_digest:032x}/{self._released}"
             self._fingerprint = hashlib.sha256(listing.encode()).hexdigest()[:16] if self._offers else ""
         return self._fingerprint
+
+
+def _offer_digest(name: str, offer: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{name}\0{offer}".encode()).digest()[:16], "big")
 
 
 def _offer(node: Mapping[str, Any]) -> str | None:

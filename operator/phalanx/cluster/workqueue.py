@@ -54,6 +54,10 @@ class WorkQueue(Generic[K]):
             self.idle.clear()
             self._ready.put_nowait(key)
 
+    def backlog(self) -> int:
+        """Keys waiting for a free worker."""
+        return self._ready.qsize()
+
     def _fire(self, key: K) -> None:
         self._timers.pop(key, None)
         self.enqueue(key)

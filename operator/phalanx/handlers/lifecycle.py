@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
-from phalanx.cluster.client import ApiClient
+from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT, ApiClient
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import trainingjob
@@ -73,7 +73,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     info = login(settings=settings)
     client = ApiClient(
         credentials_from(info),
-        max_in_flight=_setting("PHALANX_MAX_IN_FLIGHT", 16),
+        max_in_flight=_setting("PHALANX_MAX_IN_FLIGHT", DEFAULT_MAX_IN_FLIGHT),
         timeout=float(_setting("PHALANX_REQUEST_TIMEOUT_SECONDS", 30)),
     )
     runtime: Runtime | None = None
@@ -89,6 +89,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         watch_nodes=os.environ.get("PHALANX_WATCH_NODES", "1") != "0",
         watch_seconds=_setting("PHALANX_WATCH_SECONDS", 300),
     )
+    runtime.pacer.interval = float(_setting("PHALANX_STATUS_PROGRESS_SECONDS", 5))
+    runtime.pacer.busy = lambda: runtime is not None and runtime.queue.backlog() > 0
     runtime.queue.start()
     interval = _setting("PHALANX_PROGRESS_INTERVAL_SECONDS", 15)
     if interval > 0:

@@ -17,7 +17,7 @@ import kopf
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
-from phalanx.cluster.apply import Execution, RefusalMemory
+from phalanx.cluster.apply import Execution, RefusalMemory, StatusPacer
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, NodeCache, WorkloadCache
 from phalanx.cluster.client import ApiClient, Credentials
 from phalanx.cluster.informer import Informer, Resource
@@ -83,6 +83,7 @@ class Runtime:
     nodes: NodeCache = field(default_factory=NodeCache)
     workloads: WorkloadCache = field(default_factory=WorkloadCache)
     refusals: RefusalMemory = field(default_factory=RefusalMemory)
+    pacer: StatusPacer = field(default_factory=StatusPacer)
     progress: ProgressPoller | None = None  # None when PHALANX_PROGRESS_INTERVAL_SECONDS is 0
     informers: list[Informer] = field(default_factory=list)
 
@@ -146,6 +147,7 @@ class Runtime:
             return
         self.queue.forget(key)
         self.refusals.forget_job(key)
+        self.pacer.forget(key)
         if self.progress is not None:
             self.progress.forget(key)
         metrics.forget_job(key)
@@ -215,4 +217,6 @@ class Runtime:
         )
 
     def execution(self) -> Execution:
-        return Execution(client=self.client, jobs=self.jobs, children=self.children, refusals=self.refusals)
+        return Execution(
+            client=self.client, jobs=self.jobs, children=self.children, refusals=self.refusals, pacer=self.pacer
+        )

@@ -63,7 +63,7 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
         observed = runtime.observe(job)
         plan = planner.plan(job, observed, now)
         try:
-            await execute(plan, run, job=body, now=now)
+            held = await execute(plan, run, job=body, now=now)
         except AdmissionRefusedError as refused:
             failed = planner.fail(job, observed, now, "PodRefused", str(refused))
             await execute(failed, run, job=runtime.jobs.get(key) or body, now=now)
@@ -89,6 +89,8 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
         )
         if runtime.refusals.of(job.metadata.uid) != dict(observed.refusals):
             return 0.05  # refused just now: the next pass paces the retry and says why in status
+        if held is not None:  # a progress-only status write waits; this pass comes back for it
+            return held if plan.requeue_after is None else min(held, plan.requeue_after)
         return plan.requeue_after
     except StaleStatusError as stale:
         result = "requeue"

@@ -696,6 +696,38 @@ def status_changed(current: api.TrainingJobStatus | dict[str, Any] | None, propo
     )
 
 
+# Status keys that only report progress (counts and their wording); everything else (phase,
+# reason, conditions, attempt, counters, counted failures) is a decision and is written at once.
+PROGRESS_KEYS = frozenset({"message", "workers", "replicas", "workerSummary", "trainingSeconds", "lastCheckpoint"})
+
+
+def progress_only(current: api.TrainingJobStatus | dict[str, Any] | None, proposed: dict[str, Any]) -> bool:
+    """Whether ``proposed`` differs from the stored status in progress alone: the same phase,
+    reason and decisions, conditions that differ at most in their messages. Such a write may wait
+    a moment and carry the next ones with it."""
+    if isinstance(current, api.TrainingJobStatus):
+        current = current.model_dump(by_alias=True, exclude_none=True)
+    current = current or {}
+    for key, value in proposed.items():
+        if key == "workers" and (current.get(key) or {}).get("desired") != (value or {}).get("desired"):
+            return False  # a rescale: the next pass tells it from the stored desired count
+        if key in PROGRESS_KEYS or (value is None and key not in current):
+            continue
+        if key == "conditions":
+            if _condition_verdicts(current.get(key)) != _condition_verdicts(value):
+                return False
+        elif current.get(key) != value:
+            return False
+    return True
+
+
+def _condition_verdicts(conditions: Any) -> dict[str, tuple[Any, ...]]:
+    return {
+        c.get("type"): (c.get("status"), c.get("reason"), c.get("observedGeneration"), c.get("lastTransitionTime"))
+        for c in conditions or []
+    }
+
+
 def fail(job: api.TrainingJob, observed: Observed, now: datetime, reason: str, message: str) -> Plan:
     """A plan that ends the job as Failed for a reason found outside the planner (a refused pod)."""
     one = _Pass(job, observed, now)
