@@ -67,6 +67,7 @@ KUBEFLOW_TUNING = {
     "kubeflow-default": [],
     "kubeflow-tuned": ["--kube-api-qps=500", "--kube-api-burst=1000", "--controller-threads=16"],
 }
+CHURN_PAUSE_SECONDS = 2.0  # between one churned job's deletion + creation and the next
 KUBEFLOW_WORKER_LABEL = ("training.kubeflow.org/replica-type", "worker")
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1",
@@ -443,7 +444,7 @@ class Bench:
                           == naming.ROLE_WORKER)  # fmt: skip
             watch.start("/apis/phalanx.dev/v1alpha1/namespaces/{namespace}/trainingjobs",
                         lambda job: (job.get("status") or {}).get("phase") == "Running")  # fmt: skip
-            churned = max(1, jobs // 10)  # the last tenth is deleted and created again, over and over
+            churned = max(1, jobs // 10)  # the last tenth is deleted and created again, one every 2 s
             bodies = [trainingjob(f"job-{i:04d}", self.workers, pool) for i in range(jobs)]
             for body in bodies:
                 body["spec"]["workers"]["min"] = self.workers - 1
@@ -462,6 +463,7 @@ class Bench:
                         self.kubectl.delete("tj", name, namespace=namespace)
                         self.kubectl.create(body, namespace=namespace)
                     rounds += 1
+                    churn_stop.wait(CHURN_PAUSE_SECONDS)
 
             churner = threading.Thread(target=churn, daemon=True)
             churner.start()

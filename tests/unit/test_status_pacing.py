@@ -73,3 +73,13 @@ def test_a_busy_operator_holds_progress_longer() -> None:
     assert pacer.hold(key) == 24.0  # jobs wait in the queue: creating their pods comes first
     busy[0] = False
     assert pacer.hold(key) == 0.0
+
+
+def test_a_starting_job_reports_its_counts_less_often_than_a_running_one() -> None:
+    now = [0.0]
+    pacer = StatusPacer(interval=5.0, startup_interval=15.0, clock=lambda: now[0])
+    key = ("ml", "demo")
+    pacer.wrote(key)
+    now[0] = 6.0
+    assert pacer.hold(key) == 0.0
+    assert pacer.hold(key, starting=True) == 9.0

@@ -48,7 +48,9 @@ logger = logging.getLogger(__name__)
 REPORTING_COMPONENT = "phalanx"
 MAX_EVENT_MESSAGE = 1024
 PROGRESS_WRITE_SECONDS = 5.0  # PHALANX_STATUS_PROGRESS_SECONDS
+STARTUP_PROGRESS_WRITE_SECONDS = 15.0
 BUSY_PROGRESS_WRITE_SECONDS = 30.0
+STARTING_PHASES = ("Pending", "Starting")
 RBAC_REFUSAL = re.compile(r'is forbidden: User "[^"]*" cannot ')
 
 
@@ -130,30 +132,36 @@ class RefusalMemory:
 class StatusPacer:
     """When each job's status was last written: a write that only reports progress (plan.progress_only)
     goes out at most once per ``interval`` and carries what changed meanwhile, so a gang of pods
-    starting one by one costs one write, not one per pod. While the operator is ``busy`` (jobs wait
-    in its queue), progress waits up to ``busy_interval``: the requests go to creating what jobs
-    need. Decisions are never held back."""
+    starting one by one costs one write, not one per pod. A job starting up (Pending, Starting)
+    reports its counts at most every ``startup_interval``: its phase says what happens, and the
+    next phase comes soon. While the operator is ``busy`` (jobs wait in its queue), progress waits
+    up to ``busy_interval``: the requests go to creating what jobs need. Decisions are never held
+    back."""
 
     def __init__(
         self,
         interval: float = PROGRESS_WRITE_SECONDS,
         *,
+        startup_interval: float = STARTUP_PROGRESS_WRITE_SECONDS,
         busy_interval: float = BUSY_PROGRESS_WRITE_SECONDS,
         busy: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.interval = interval
+        self.startup_interval = startup_interval
         self.busy_interval = busy_interval
         self.busy = busy
         self._clock = clock
         self._written: dict[JobKey, float] = {}
 
-    def hold(self, key: JobKey) -> float:
+    def hold(self, key: JobKey, *, starting: bool = False) -> float:
         """Seconds a progress-only write of this job should still wait (0: write now)."""
         written = self._written.get(key)
         if written is None:
             return 0.0
-        interval = max(self.interval, self.busy_interval) if self.busy() else self.interval
+        interval = max(self.interval, self.startup_interval) if starting else self.interval
+        if self.busy():
+            interval = max(interval, self.busy_interval)
         return max(0.0, written + interval - self._clock())
 
     def wrote(self, key: JobKey) -> None:
@@ -288,7 +296,12 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
     namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
     held: float | None = None
     if plan.status and status_changed(job.get("status"), plan.status):
-        hold = run.pacer.hold((namespace, name)) if progress_only(job.get("status"), plan.status) else 0.0
+        starting = plan.status.get("phase") in STARTING_PHASES
+        hold = (
+            run.pacer.hold((namespace, name), starting=starting)
+            if progress_only(job.get("status"), plan.status)
+            else 0.0
+        )
         if hold > 0:
             held = hold
         elif await write_status(run, job, plan.status):
