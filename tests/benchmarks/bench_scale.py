@@ -415,18 +415,22 @@ class Bench:
             peak, cpu = process_usage(pid)
         finally:
             operator.stop()
+        result |= self.operator_figures(user, jobs, "trainingjobs", watch, idle=idle, peak=peak, cpu=cpu)
+        self.kubectl.delete("namespace", namespace, wait=False)
+        return result
+
+    def operator_figures(
+        self, user: str, jobs: int, resource: str, watch: Watch, *, idle: float, peak: float, cpu: float
+    ) -> dict[str, Any]:
+        """What an operator cost: memory, CPU, and its requests from the audit log."""
         events = audited_requests(self.audit_log, user)
-        result |= {
+        return {
             "idle_rss_mib": round(idle, 1),
             "peak_rss_mib": round(peak, 1),
             "cpu_seconds": round(cpu, 1),
-            "status_writes_per_job_until_running": status_writes_until_running(
-                events, "trainingjobs", watch.jobs_running
-            ),
+            "status_writes_per_job_until_running": status_writes_until_running(events, resource, watch.jobs_running),
             "requests_per_job": requests_by_kind(events, jobs),
         }
-        self.kubectl.delete("namespace", namespace, wait=False)
-        return result
 
     def failure_reaction(self, jobs: int, pool: str, samples: int, timeout: float) -> dict[str, Any]:
         """With jobs x workers pods Running and jobs being deleted and created beside them, fail one
@@ -592,16 +596,7 @@ class Bench:
             peak, cpu = process_usage(pid)
         finally:
             self.cluster.stop_process(contender)
-        events = audited_requests(self.audit_log, user)
-        result |= {
-            "idle_rss_mib": round(idle, 1),
-            "peak_rss_mib": round(peak, 1),
-            "cpu_seconds": round(cpu, 1),
-            "status_writes_per_job_until_running": status_writes_until_running(
-                events, "pytorchjobs", watch.jobs_running
-            ),
-            "requests_per_job": requests_by_kind(events, jobs),
-        }
+        result |= self.operator_figures(user, jobs, "pytorchjobs", watch, idle=idle, peak=peak, cpu=cpu)
         self.kubectl.delete("namespace", namespace, wait=False)
         return result
 
