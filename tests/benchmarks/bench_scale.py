@@ -320,6 +320,18 @@ class Bench:
         say(f"  all {total} workers Running after {running:.2f}s")
         return {"seconds_to_all_created": round(created, 2), "seconds_to_all_running": round(running, 2)}
 
+    def lifecycle(
+        self, namespace: str, watch: Watch, items: list[dict[str, Any]], selector: str, resource: str, timeout: float
+    ) -> dict[str, Any]:
+        """Submit the jobs at once, time their workers' creation and start, then let them finish."""
+        jobs = len(items)
+        listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+        submitted = time.monotonic()
+        self.kubectl.run("create", f"--namespace={namespace}", "-f", "-", input=listing, timeout=600)
+        result = self.measure_creation(watch, jobs * self.workers, submitted, timeout)
+        wait("every job Running", lambda: len(watch.jobs_running) >= jobs, timeout)
+        return {**result, "seconds_to_finish_and_delete": self.finish_and_drain(namespace, selector, resource, timeout)}
+
     def finish_and_drain(self, namespace: str, selector: str, resource: str, timeout: float) -> float:
         started = time.monotonic()
 
@@ -400,16 +412,10 @@ class Bench:
                           == naming.ROLE_WORKER)  # fmt: skip
             watch.start("/apis/phalanx.dev/v1alpha1/namespaces/{namespace}/trainingjobs",
                         lambda job: (job.get("status") or {}).get("phase") == "Running")  # fmt: skip
-            listing = {"apiVersion": "v1", "kind": "List",
-                       "items": [trainingjob(f"job-{i:04d}", self.workers, pool) for i in range(jobs)]}  # fmt: skip
+            items = [trainingjob(f"job-{i:04d}", self.workers, pool) for i in range(jobs)]
             try:
-                submitted = time.monotonic()
-                self.kubectl.run("create", f"--namespace={namespace}", "-f", "-", input=json.dumps(listing),
-                                 timeout=600)  # fmt: skip
-                result: dict[str, Any] = self.measure_creation(watch, jobs * self.workers, submitted, timeout)
-                wait("every job Running", lambda: len(watch.jobs_running) >= jobs, timeout)
                 selector = f"{naming.ROLE_LABEL}={naming.ROLE_WORKER}"
-                result["seconds_to_finish_and_delete"] = self.finish_and_drain(namespace, selector, "tj", timeout)
+                result = self.lifecycle(namespace, watch, items, selector, "tj", timeout)
             finally:
                 watch.stop()
             peak, cpu = process_usage(pid)
@@ -580,16 +586,10 @@ class Bench:
             watch = Watch(self.cluster, namespace, lambda pod: pod["metadata"].get("labels", {}).get(label) == value)
             watch.start("/apis/kubeflow.org/v1/namespaces/{namespace}/pytorchjobs",
                         lambda job: has_condition(job, "Running"))  # fmt: skip
-            listing = {"apiVersion": "v1", "kind": "List",
-                       "items": [pytorchjob(f"job-{i:04d}", self.workers, pool) for i in range(jobs)]}  # fmt: skip
+            items = [pytorchjob(f"job-{i:04d}", self.workers, pool) for i in range(jobs)]
             try:
-                submitted = time.monotonic()
-                self.kubectl.run("create", f"--namespace={namespace}", "-f", "-", input=json.dumps(listing),
-                                 timeout=600)  # fmt: skip
-                result: dict[str, Any] = self.measure_creation(watch, jobs * self.workers, submitted, timeout)
-                wait("every job Running", lambda: len(watch.jobs_running) >= jobs, timeout)
-                result["seconds_to_finish_and_delete"] = self.finish_and_drain(
-                    namespace, f"{label}={value}", "pytorchjobs.kubeflow.org", timeout
+                result = self.lifecycle(
+                    namespace, watch, items, f"{label}={value}", "pytorchjobs.kubeflow.org", timeout
                 )
             finally:
                 watch.stop()
