@@ -1,9 +1,10 @@
 """Scale, side by side: a raw client (the lower bound), phalanx and Kubeflow's training operator.
 
     python -m tests.benchmarks.bench_scale [--sizes 100,250] [--workers 8]
-        [--contenders raw,phalanx,kubeflow-default,kubeflow-tuned]
+        [--contenders raw,phalanx,kubeflow-default,kubeflow-tuned] [--gpus-per-node N]
 
-One control plane with KWOK nodes (one 8-GPU node per job), one run. For each size (jobs x
+One control plane with KWOK nodes (by default one node per job, as many GPUs as workers; with
+``--gpus-per-node`` fewer, larger ones, which 10,000 pods need on 2 cores), one run. For each size (jobs x
 workers, one GPU per worker) each contender in turn gets a namespace of its own and the same jobs:
 
 - ``raw``: an asynchronous client (``--in-flight`` requests at once, as many as phalanx may send)
@@ -635,12 +636,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             nodes = 0
             for jobs in args.sizes:
                 pool = f"size-{jobs}"
-                cluster.add_gpu_nodes(jobs, gpus_per_node=args.workers, labels={POOL_LABEL: pool}, cpu="64",
-                                      name_prefix=f"scale-{jobs}-", timeout=600)  # fmt: skip
-                nodes += jobs
-                size: dict[str, Any] = {}
+                gpus = args.gpus_per_node or args.workers
+                count = math.ceil(jobs * args.workers / gpus)
+                # every node also takes its share of the rendezvous store pods (one per job)
+                pods = gpus + math.ceil(jobs / count) + 10
+                cluster.add_gpu_nodes(count, gpus_per_node=gpus, labels={POOL_LABEL: pool}, cpu=str(8 * pods),
+                                      memory=f"{8 * pods}Gi", pods=str(pods), name_prefix=f"scale-{jobs}-",
+                                      timeout=600)  # fmt: skip
+                nodes += count
+                size: dict[str, Any] = {"nodes": count, "gpus_per_node": gpus}
                 for contender in args.contenders:
-                    say(f"{jobs} x {args.workers} workers on {jobs} nodes: {contender}")
+                    say(f"{jobs} x {args.workers} workers on {count} nodes: {contender}")
                     if contender == "raw":
                         size[contender] = bench.raw(jobs, pool, args.timeout)
                     elif contender == "phalanx":
@@ -688,6 +694,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="100,250", help="job counts, comma-separated (default 100,250)")
     parser.add_argument("--workers", type=int, default=8, help="workers per job (default 8)")
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=0, help="GPUs of each KWOK node (default: --workers, one node per job)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="per phase of one contender")
     parser.add_argument("--in-flight", type=int, default=DEFAULT_MAX_IN_FLIGHT,
                         help="requests at once for the raw client and phalanx (PHALANX_MAX_IN_FLIGHT); "
@@ -707,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     with stop_on_signals():
         results = run(args)
     config = {"sizes": args.sizes, "workers": args.workers, "contenders": args.contenders,
-              "in_flight": args.in_flight}  # fmt: skip
+              "in_flight": args.in_flight, "gpus_per_node": args.gpus_per_node or args.workers}  # fmt: skip
     print(json.dumps({"benchmark": "scale", "commit": measured, "cpus": os.cpu_count(), "config": config,
                       "sizes": results}, indent=2))  # fmt: skip
     return 0
