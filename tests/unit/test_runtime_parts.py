@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from phalanx import cli
-from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, WorkloadCache
+from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, RecentlyDeleted, WorkloadCache
 from phalanx.cluster.client import resource_path
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.reconcile import naming
@@ -194,6 +194,46 @@ def test_a_job_the_operator_deleted_is_gone_from_the_cache_at_once_but_a_success
     assert cache.get(key) is not None and changes == []
     cache.deleted(key, "new")
     assert cache.get(key) is None and changes == [(key, True)]
+
+
+def test_a_response_that_arrives_after_the_deleted_event_brings_nothing_back() -> None:
+    jobs = JobCache()
+    body = {"metadata": {"name": "a", "namespace": "ml", "uid": "u1", "resourceVersion": "5"}}
+    key = jobs.update(body)
+    jobs.observe("DELETED", {"metadata": {**body["metadata"], "resourceVersion": "7"}})
+    jobs.answered({"metadata": {**body["metadata"], "resourceVersion": "6"}, "status": {"phase": "Running"}})
+    assert jobs.get(key) is None  # the status write's answer came after the job went
+    jobs.observe("ADDED", {"metadata": {**body["metadata"], "uid": "u2", "resourceVersion": "9"}})
+    jobs.answered({"metadata": {**body["metadata"], "resourceVersion": "10"}, "status": {"phase": "Running"}})
+    assert (jobs.get(key) or {}).get("status") is None  # an answer about its predecessor
+    jobs.answered(
+        {"metadata": {**body["metadata"], "uid": "u2", "resourceVersion": "10"}, "status": {"phase": "Running"}}
+    )
+    assert (jobs.get(key) or {}).get("status") == {"phase": "Running"}
+
+    children = ChildCache()
+    created = pod("demo-worker-0", "5")
+    children.observe("DELETED", {**created, "metadata": {**created["metadata"], "resourceVersion": "6"}})  # type: ignore[dict-item]
+    assert children.observe("ADDED", created) is None  # our create's response, folded in late
+    assert pods_of(children) == {}
+    successor = pod("demo-worker-0", "8")
+    successor["metadata"] = {**successor["metadata"], "uid": "pod-demo-worker-0-b"}  # type: ignore[dict-item]
+    children.observe("ADDED", successor)
+    assert pods_of(children) == {"demo-worker-0": "Running"}
+
+
+def test_recently_deleted_forgets_a_uid_after_its_window() -> None:
+    now = [0.0]
+    deleted = RecentlyDeleted(seconds=60, clock=lambda: now[0])
+    deleted.add("a")
+    now[0] = 30.0
+    deleted.add("b")
+    deleted.add("")
+    assert ["a" in deleted, "b" in deleted, "" in deleted] == [True, True, False]
+    now[0] = 61.0
+    assert ["a" in deleted, "b" in deleted] == [False, True]
+    now[0] = 91.0
+    assert "b" not in deleted
 
 
 def test_node_cache_reports_readiness_changes() -> None:

@@ -285,7 +285,7 @@ async def write_status(run: Execution, job: Mapping[str, Any], status: Mapping[s
         if error.status == 409:
             raise StaleStatusError(f"{metadata['namespace']}/{metadata['name']} changed since it was read") from error
         raise
-    run.jobs.update(updated)
+    run.jobs.answered(updated)
     return True
 
 

@@ -11,7 +11,8 @@ Each cache is an informer sink: a list replaces everything of its kind and scope
 watch missed during a gap disappear), single events update one object. Responses to our own
 writes are fed in as well, so the next pass never acts on a view older than what it just did; an
 object in the cache newer than a list's resourceVersion (one we created after the list's
-snapshot) survives that list.
+snapshot) survives that list, and a response that arrives after the object's DELETED event does
+not bring it back (``RecentlyDeleted``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections import defaultdict
+import sys
+import time
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +40,7 @@ from phalanx.reconcile.observed import (
     object_record,
     pod_record,
     queued_workload,
+    shared,
 )
 
 JobKey = tuple[str, str]
@@ -75,14 +79,61 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
 def _slim(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The body without what the operator never reads and what grows with every write: the field
-    managers' bookkeeping and kubectl's copy of the last applied manifest."""
-    metadata = dict(body.get("metadata") or {})
-    metadata.pop("managedFields", None)
+    """The body without what the operator never reads and what grows with every write (the field
+    managers' bookkeeping, kubectl's copy of the last applied manifest), its keys and short
+    strings shared with every other job's (each decoded body brings its own copies)."""
+    metadata = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
     annotations = metadata.get("annotations")
     if annotations and LAST_APPLIED in annotations:
         metadata["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    return {**body, "metadata": metadata}
+    slimmed: dict[str, Any] = _shared_strings({**body, "metadata": metadata})
+    return slimmed
+
+
+SHARED_STRING_LENGTH = 64  # longer ones (messages, commands) rarely repeat
+
+
+def _shared_strings(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {sys.intern(k): _shared_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shared_strings(item) for item in value]
+    if isinstance(value, str) and len(value) <= SHARED_STRING_LENGTH:
+        return sys.intern(value)
+    return value
+
+
+class RecentlyDeleted:
+    """UIDs of the objects whose deletion was seen in the last ``seconds``: a response to one of
+    our writes, folded in after the watch delivered the object's DELETED event, must not bring the
+    object back. Kept for a while, not for ever, so it holds what a minute's deletions need and
+    never grows with the jobs a process has seen; a UID is never reused."""
+
+    def __init__(self, seconds: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._order: deque[tuple[float, str]] = deque()
+        self._uids: set[str] = set()
+        self._seconds = seconds
+        self._clock = clock
+
+    def add(self, uid: str) -> None:
+        now = self._clock()
+        self._expire(now)
+        if uid and uid not in self._uids:
+            self._order.append((now, uid))
+            self._uids.add(uid)
+
+    def _expire(self, now: float) -> None:
+        while self._order and self._order[0][0] <= now - self._seconds:
+            self._uids.discard(self._order.popleft()[1])
+
+    def __contains__(self, uid: object) -> bool:
+        if self._order:
+            self._expire(self._clock())
+        return uid in self._uids
+
+
+def _uid(body: Mapping[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("uid") or "")
 
 
 class JobCache:
@@ -100,7 +151,7 @@ class JobCache:
             self._on_change(key, gone)
 
     def update(self, body: Mapping[str, Any]) -> JobKey:
-        """Fold in a body (from a watch or a write's response) unless ours is newer."""
+        """Fold in a body from a watch or a list unless ours is newer."""
         key = (body["metadata"]["namespace"], body["metadata"]["name"])
         known = self._bodies.get(key)
         if (
@@ -110,6 +161,13 @@ class JobCache:
         ):
             self._bodies[key] = _slim(body)
         return key
+
+    def answered(self, body: Mapping[str, Any]) -> None:
+        """Fold in the API server's answer to our write (or read) of a job, if the job is still
+        here: one whose DELETED event came first must not come back."""
+        known = self._bodies.get((body["metadata"]["namespace"], body["metadata"]["name"]))
+        if known is not None and _uid(known) == _uid(body):
+            self.update(body)
 
     def observe(self, event_type: str, obj: Mapping[str, Any]) -> None:
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
@@ -180,6 +238,7 @@ class ChildCache:
         self._entries: dict[ObjectKey, _Entry] = {}
         self._labelled: dict[JobKey, set[tuple[str, str]]] = defaultdict(set)
         self._waiting: dict[ObjectKey, JobKey] = {}  # pods the scheduler found no node for, by job
+        self._deleted = RecentlyDeleted()
         self._on_change = on_change
         self._on_pod_gone = on_pod_gone
 
@@ -191,7 +250,10 @@ class ChildCache:
         kind = body.get("kind") or "Pod"
         ident = (kind, metadata.get("namespace", ""), metadata.get("name", ""))
         if event_type == "DELETED":
+            self._deleted.add(_uid(body))
             return self._remove(ident)
+        if _uid(body) in self._deleted:
+            return None  # our write's response, folded in after the object's DELETED event
         version = resource_version(body)
         known = self._entries.get(ident)
         if known is not None and version and version < known.version:
@@ -200,7 +262,8 @@ class ChildCache:
         label = (metadata.get("labels") or {}).get(naming.JOB_NAME_LABEL)
         if known is not None:
             self._unfile(ident, known)
-        entry = _Entry(owner[1] if owner else None, owner[0] if owner else None, label, version)
+        entry = _Entry(shared(owner[1]) if owner else None, shared(owner[0]) if owner else None, shared(label), version)
+        ident = (ident[0], shared(ident[1]) or "", ident[2])
         self._entries[ident] = entry
         if label:
             self._labelled[(ident[1], label)].add((kind, ident[2]))

@@ -213,6 +213,8 @@ class ProgressPoller:
             self.errors += 1
             logger.warning("unreadable metrics from %s: %s", pod.name, error)
             return
+        if self._jobs.get(key) is None:
+            return  # deleted while its worker was asked: keep nothing of it
         if self._latest.get(key) != progress:
             self._latest[key] = progress
             self._wake(key)
@@ -226,6 +228,8 @@ class ProgressPoller:
         except Exception as error:
             self.errors += 1
             logger.warning("unreadable status from %s: %s", pod.name, error)
+            return
+        if self._jobs.get(key) is None:
             return
         if completion is not None and self._completed.get(key) != completion:
             self._completed[key] = completion

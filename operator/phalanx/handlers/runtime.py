@@ -145,6 +145,11 @@ class Runtime:
         if not gone:
             self.queue.enqueue(key)
             return
+        self.forget(key)
+
+    def forget(self, key: JobKey) -> None:
+        """Drop everything kept for a job that no longer exists (again after a pass that was
+        running when it went: that pass may have filed its metrics and status pacing anew)."""
         self.queue.forget(key)
         self.refusals.forget_job(key)
         self.pacer.forget(key)

@@ -38,7 +38,7 @@ async def _refresh(runtime: Runtime, key: JobKey) -> None:
         if error.status == 404:
             return
         raise
-    runtime.jobs.update(body)
+    runtime.jobs.answered(body)
 
 
 async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
@@ -102,5 +102,7 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
         metrics.RECONCILE_ERRORS.labels(controller="trainingjob").inc()
         raise
     finally:
+        if runtime.jobs.get(key) is None:  # deleted while this pass ran
+            runtime.forget(key)
         metrics.RECONCILE_TOTAL.labels(controller="trainingjob", result=result).inc()
         metrics.RECONCILE_TIME.labels(controller="trainingjob").observe(time.perf_counter() - started)

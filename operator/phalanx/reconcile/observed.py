@@ -7,6 +7,7 @@ record, so memory grows by a few hundred bytes per pod, not by the whole object.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -188,6 +189,12 @@ def _metrics_port(pod: Mapping[str, Any]) -> int | None:
     return None
 
 
+def shared(value: str | None) -> str | None:
+    """One copy of a string many records repeat (namespaces, owners, phases, nodes, reasons): a
+    decoded body brings its own copy of each, kept as long as the record is."""
+    return sys.intern(value) if isinstance(value, str) else value
+
+
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     """Project a Pod as the API returns it onto a PodRecord."""
     metadata = pod.get("metadata", {})
@@ -205,26 +212,26 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     unschedulable = scheduled is not None and scheduled.get("reason") == "Unschedulable"
     return PodRecord(
         name=metadata.get("name", ""),
-        role=labels.get(naming.ROLE_LABEL, ""),
+        role=shared(labels.get(naming.ROLE_LABEL)) or "",
         index=_int_or_none(labels.get(naming.WORKER_INDEX_LABEL)),
         uid=metadata.get("uid", ""),
-        namespace=metadata.get("namespace", ""),
-        owner_name=_controller_name(metadata),
+        namespace=shared(metadata.get("namespace")) or "",
+        owner_name=shared(_controller_name(metadata)),
         attempt=_int_or_none(labels.get(naming.ATTEMPT_LABEL)),
-        spec_hash=annotations.get(naming.SPEC_HASH_ANNOTATION),
+        spec_hash=shared(annotations.get(naming.SPEC_HASH_ANNOTATION)),
         group_total=_int_or_none(annotations.get(naming.KUEUE_TOTAL_COUNT_ANNOTATION)),
-        phase=status.get("phase") or "Pending",
-        reason=status.get("reason"),
+        phase=shared(status.get("phase")) or "Pending",
+        reason=shared(status.get("reason")),
         ready=ready is not None and ready.get("status") == "True",
         scheduled=scheduled is not None and scheduled.get("status") == "True",
-        node_name=(pod.get("spec") or {}).get("nodeName"),
+        node_name=shared((pod.get("spec") or {}).get("nodeName")),
         pod_ip=status.get("podIP"),
         deleting=metadata.get("deletionTimestamp") is not None,
         created=metadata.get("creationTimestamp"),
         exit_code=_int_or_none(terminated.get("exitCode")),
-        terminated_reason=terminated.get("reason"),
+        terminated_reason=shared(terminated.get("reason")),
         termination_message=terminated.get("message"),
-        waiting_reason=waiting.get("reason"),
+        waiting_reason=shared(waiting.get("reason")),
         waiting_message=waiting.get("message"),
         disruption_reason=(disruption or {}).get("reason") if (disruption or {}).get("status") == "True" else None,
         unschedulable_message=scheduled.get("message") if unschedulable and scheduled else None,
