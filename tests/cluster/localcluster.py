@@ -423,6 +423,13 @@ class LocalCluster:
         self._save_state()
         return popen
 
+    def pid_of(self, name: str) -> int:
+        """PID of a process this object started (the control plane's components by name)."""
+        proc = next((p for p in self._procs if p.name == name), None)
+        if proc is None:
+            raise ClusterError(f"{name!r} was not started by this process")
+        return proc.pid
+
     def stop_process(self, name: str, timeout: float = 10.0) -> None:
         """Stop one process this object started (SIGTERM to its group, SIGKILL after ``timeout``)."""
         proc = next((p for p in self._procs if p.name == name), None)

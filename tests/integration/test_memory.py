@@ -197,10 +197,10 @@ async def test_a_deleted_job_leaves_nothing_behind(
                 # between weighings the next batch comes while the garbage collector still deletes
                 # this one's children
                 await until(
-                    functools.partial(nothing_of, runtime, namespace, children=weighing),
+                    functools.partial(nothing_of, runtime, children=weighing),
                     "every job and child gone from the caches",
                     120,
-                    functools.partial(cached_summary, runtime, namespace),
+                    functools.partial(cached_summary, runtime),
                 )
                 if weighing:
                     await until(runtime.queue.idle.is_set, "the work queue idle", 30)
@@ -236,14 +236,17 @@ def all_workers_exist(runtime: Runtime, namespace: str, names: list[str]) -> boo
     return True
 
 
-def cached_summary(runtime: Runtime, namespace: str) -> str:
-    return f"still cached: jobs {runtime.jobs.keys()[:3]}, pods of {sorted(runtime.children.jobs_in(namespace))[:3]}"
+def cached_summary(runtime: Runtime) -> str:
+    return (
+        f"still cached: {len(runtime.jobs.keys())} jobs {runtime.jobs.keys()[:3]}, {runtime.children.pod_count()} pods"
+    )
 
 
-def nothing_of(runtime: Runtime, namespace: str, *, children: bool = True) -> bool:
+def nothing_of(runtime: Runtime, *, children: bool = True) -> bool:
+    """The runtime watches only the test's namespace: anything cached is the test's."""
     if not children:
         return not runtime.jobs.keys()
-    return not runtime.jobs.keys() and not runtime.children.jobs_in(namespace) and runtime.children.pod_count() == 0
+    return not runtime.jobs.keys() and runtime.children.pod_count() == 0
 
 
 async def test_what_is_kept_per_pod_and_per_job_stays_within_its_budget(

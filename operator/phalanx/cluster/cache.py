@@ -361,15 +361,6 @@ class ChildCache:
         goes away asks this, so it must not walk every pod)."""
         return set(self._waiting.values())
 
-    def jobs_in(self, namespace: str) -> set[JobKey]:
-        """Jobs with pods in a namespace (to wake those a freed quota may help)."""
-        return {
-            (pod.namespace, pod.owner_name)
-            for pods in self._pods.values()
-            for pod in pods.values()
-            if pod.namespace == namespace and pod.owner_name
-        }
-
     def objects_of(self, job_uid: str) -> dict[tuple[str, str], ObjectRecord]:
         """Services and PodGroups the job controls, by (kind, name)."""
         return dict(self._objects.get(job_uid, {}))
