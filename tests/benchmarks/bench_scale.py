@@ -669,10 +669,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 pool = f"size-{jobs}"
                 gpus = args.gpus_per_node or args.workers
                 count = math.ceil(jobs * args.workers / gpus)
-                # every node also takes its share of the rendezvous store pods (one per job)
-                pods = gpus + math.ceil(jobs / count) + 10
-                cluster.add_gpu_nodes(count, gpus_per_node=gpus, labels={POOL_LABEL: pool}, cpu=str(8 * pods),
-                                      memory=f"{8 * pods}Gi", pods=str(pods), name_prefix=f"scale-{jobs}-",
+                # the GPUs bound the workers; the pod cap must not (the store pods, one per job, do
+                # not spread evenly: a cap of GPUs + an even share left 20 of 157 nodes full)
+                pods = gpus + jobs
+                cluster.add_gpu_nodes(count, gpus_per_node=gpus, labels={POOL_LABEL: pool}, cpu=str(2 * pods),
+                                      memory=f"{2 * pods}Gi", pods=str(pods), name_prefix=f"scale-{jobs}-",
                                       timeout=600)  # fmt: skip
                 nodes += count
                 size: dict[str, Any] = {"nodes": count, "gpus_per_node": gpus}
