@@ -186,6 +186,27 @@ def test_a_quota_refusal_is_explained_and_retried_at_a_paced_interval_without_fa
     assert world.status["phase"] == "Running" and conditions(world)["Stalled"][0] == "False"
 
 
+def test_a_store_refused_by_quota_is_created_later_and_nothing_restarts() -> None:
+    """Store and workers are created together; the quota may let the workers in and refuse the
+    store. The store never ran, so it was not lost: no gang restart when it comes."""
+    world = World(job(workers={"desired": 2}))
+    world.reconcile()
+    store = naming.rendezvous_name("demo")
+    world.pods.pop(store)
+    refused(world, store, "QuotaExceeded", QUOTA)
+    world.run()
+    plan = world.reconcile()
+    assert not plan.delete and world.status.get("restartsByReason") in (None, {})
+    assert world.status["reason"] == "QuotaExceeded"
+    world.advance(REFUSAL_RETRY_SECONDS[0])
+    assert store in {obj["metadata"]["name"] for obj in world.reconcile().apply}
+    world.refusals.clear()  # created this time
+    world.run()
+    world.settle()
+    assert world.status["phase"] == "Running"
+    assert (world.status["restarts"], world.status.get("restartsByReason") or {}) == (0, {})
+
+
 def test_refusal_pauses_grow_and_are_capped() -> None:
     pauses = [
         (refusal_retry_at(Refusal("QuotaExceeded", "", START, START, attempts)) - START).total_seconds()

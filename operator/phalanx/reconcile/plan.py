@@ -390,7 +390,10 @@ class _Pass:
             # and a new store comes before any worker of the new attempt.
             self.remove(store)
             store_gone = False
-        store_lost = bool(current) and store_gone
+        # A store whose creation was refused (quota: workers created in the same pass may have
+        # taken the last pods) never ran: it is created when the refusal allows, nothing was lost.
+        never_created = store is None and naming.rendezvous_name(self.job.metadata.name) in self.observed.refusals
+        store_lost = bool(current) and store_gone and not never_created
         # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing;
         # a kubelet marks them Failed before they go, so "finished" does not tell them apart from
         # pods this operator removed: those were recorded as handled (or are beyond desired).
