@@ -33,6 +33,7 @@ from phalanx.handlers import trainingjob
 from phalanx.handlers.lifecycle import supervised
 from phalanx.handlers.runtime import Runtime
 from phalanx.reconcile import naming
+from tests.integration.scenario import TRAINER
 from tests.unit.jobs import manifest
 
 pytestmark = pytest.mark.integration
@@ -58,15 +59,7 @@ def job_body(name: str, workers: int = 1) -> dict[str, Any]:
         template={
             "spec": {
                 "nodeSelector": POOL,
-                "containers": [
-                    {
-                        "name": "trainer",
-                        "image": "example/train:1",
-                        "command": ["torchrun"],
-                        "args": ["train.py"],
-                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
-                    }
-                ],
+                "containers": [TRAINER],
             }
         },
     )
