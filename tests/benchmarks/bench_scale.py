@@ -37,8 +37,10 @@ import json
 import math
 import os
 import pathlib
+import signal
 import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -291,16 +293,19 @@ class Bench:
         *,
         in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         memory_profiles: pathlib.Path | None = None,
+        cpu_profiles: pathlib.Path | None = None,
     ) -> None:
         self.cluster = cluster
         self.in_flight = in_flight
         self.operator_env = {"PHALANX_MAX_IN_FLIGHT": str(in_flight)}
         self.memory_profiles = memory_profiles
+        self.cpu_profiles = cpu_profiles
         self.workdir = workdir
         self.workers = workers
         self.kubectl = Kubectl(cluster.kubeconfig)
         self.audit_log = workdir / "audit.log"
         self.kubeflow_crd_ready = False
+        self.operator_pid: int | None = None  # the contender's operator, while it runs
 
     def identity(self, name: str) -> pathlib.Path:
         crt, key = self.cluster.issue_cert(name, f"/O=system:masters/O=phalanx:bench/CN={name}",
@@ -318,18 +323,28 @@ class Bench:
         return process_usage(self.cluster.pid_of("kube-apiserver"))[1]
 
     def measure_creation(
-        self, watch: Watch, total: int, submitted: float, timeout: float, apiserver_cpu: float
+        self, watch: Watch, total: int, submitted: float, timeout: float, cpu_then: tuple[float, float]
     ) -> dict[str, float]:
-        """``submitted``: when the jobs went in; ``apiserver_cpu``: the API server's CPU time then."""
+        """``submitted``: when the jobs went in; ``cpu_then``: the API server's and the operator's CPU
+        time then (``creation_started``)."""
         wait("every worker created", lambda: len(watch.created) >= total, timeout)
         created = max(watch.created.values()) - submitted
-        spent = self.apiserver_cpu_seconds() - apiserver_cpu  # read late by at most a poll
-        say(f"  all {total} workers created after {created:.2f}s (API server {spent:.1f} CPU-s)")
+        # read late by at most a poll
+        apiserver, operator = (now - then for now, then in zip(self.cpu_seconds(), cpu_then, strict=True))
+        say(f"  all {total} workers created after {created:.2f}s (CPU-s: API server {apiserver:.1f}, "
+            f"operator {operator:.1f})")  # fmt: skip
         wait("every worker Running", lambda: len(watch.running) >= total, timeout)
         running = max(watch.running.values()) - submitted
         say(f"  all {total} workers Running after {running:.2f}s")
-        return {"seconds_to_all_created": round(created, 2), "seconds_to_all_running": round(running, 2),
-                "apiserver_cpu_seconds_to_all_created": round(spent, 1)}  # fmt: skip
+        result = {"seconds_to_all_created": round(created, 2), "seconds_to_all_running": round(running, 2),
+                  "apiserver_cpu_seconds_to_all_created": round(apiserver, 1)}  # fmt: skip
+        if self.operator_pid is not None:
+            result["operator_cpu_seconds_to_all_created"] = round(operator, 1)
+        return result
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        """CPU time the API server and the contender's operator (if any) have used so far."""
+        return self.apiserver_cpu_seconds(), process_usage(self.operator_pid)[1] if self.operator_pid else 0.0
 
     def lifecycle(
         self, namespace: str, watch: Watch, items: list[dict[str, Any]], selector: str, resource: str, timeout: float
@@ -337,9 +352,9 @@ class Bench:
         """Submit the jobs at once, time their workers' creation and start, then let them finish."""
         jobs = len(items)
         listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-        apiserver_cpu, submitted = self.apiserver_cpu_seconds(), time.monotonic()
+        cpu, submitted = self.cpu_seconds(), time.monotonic()
         self.kubectl.run("create", f"--namespace={namespace}", "-f", "-", input=listing, timeout=600)
-        result = self.measure_creation(watch, jobs * self.workers, submitted, timeout, apiserver_cpu)
+        result = self.measure_creation(watch, jobs * self.workers, submitted, timeout, cpu)
         wait("every job Running", lambda: len(watch.jobs_running) >= jobs, timeout)
         return {**result, "seconds_to_finish_and_delete": self.finish_and_drain(namespace, selector, resource, timeout)}
 
@@ -386,11 +401,9 @@ class Bench:
         watch = Watch(self.cluster, namespace, lambda pod: pod["metadata"].get("labels", {}).get(naming.ROLE_LABEL)
                       == naming.ROLE_WORKER).start("", lambda job: False)  # fmt: skip
         try:
-            apiserver_cpu, submitted = self.apiserver_cpu_seconds(), time.monotonic()
+            cpu, submitted = self.cpu_seconds(), time.monotonic()
             asyncio.run(self.create_all(objects, user))
-            result: dict[str, Any] = self.measure_creation(
-                watch, jobs * self.workers, submitted, timeout, apiserver_cpu
-            )
+            result: dict[str, Any] = self.measure_creation(watch, jobs * self.workers, submitted, timeout, cpu)
         finally:
             watch.stop()
         events = audited_requests(self.audit_log, user)
@@ -436,10 +449,13 @@ class Bench:
         operator = OperatorProcess(self.identity(user), self.workdir / f"phalanx-{jobs}.log",
                                    extra_env=self.operator_env, python_options=profile).start()  # fmt: skip
         assert operator.process is not None
-        pid = operator.process.pid
+        pid = self.operator_pid = operator.process.pid
+        sampler: subprocess.Popen[bytes] | None = None
         try:
             time.sleep(3)
             idle = rss_mib(pid)
+            if self.cpu_profiles is not None:
+                sampler = self.sample_cpu(pid, self.cpu_profiles / f"phalanx-{jobs}x{self.workers}.speedscope.json")
             watch = Watch(self.cluster, namespace, lambda pod: pod["metadata"].get("labels", {}).get(naming.ROLE_LABEL)
                           == naming.ROLE_WORKER)  # fmt: skip
             watch.start("/apis/phalanx.dev/v1alpha1/namespaces/{namespace}/trainingjobs",
@@ -452,10 +468,22 @@ class Bench:
                 watch.stop()
             peak, cpu = process_usage(pid)
         finally:
+            if sampler is not None:
+                sampler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+                sampler.wait(60)
             operator.stop()
+            self.operator_pid = None
         result |= self.operator_figures(user, jobs, "trainingjobs", watch, idle=idle, peak=peak, cpu=cpu)
         self.kubectl.delete("namespace", namespace, wait=False)
         return result
+
+    def sample_cpu(self, pid: int, out: pathlib.Path) -> subprocess.Popen[bytes]:
+        """py-spy sampling the operator (100 Hz, idle frames left out) until it is sent SIGINT."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.unlink(missing_ok=True)
+        command = ["py-spy", "record", "--pid", str(pid), "--rate", "100", "--format", "speedscope",
+                   "--output", str(out)]  # fmt: skip
+        return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def operator_figures(
         self, user: str, jobs: int, resource: str, watch: Watch, *, idle: float, peak: float, cpu: float
@@ -610,7 +638,7 @@ class Bench:
         self.install_kubeflow()
         namespace = self.namespace(f"scale-{contender}-{jobs}")
         user = f"bench-{contender}-{jobs}"
-        pid = self.start_kubeflow(contender, self.identity(user))
+        pid = self.operator_pid = self.start_kubeflow(contender, self.identity(user))
         try:
             time.sleep(3)
             idle = rss_mib(pid)
@@ -628,6 +656,7 @@ class Bench:
             peak, cpu = process_usage(pid)
         finally:
             self.cluster.stop_process(contender)
+            self.operator_pid = None
         result |= self.operator_figures(user, jobs, "pytorchjobs", watch, idle=idle, peak=peak, cpu=cpu)
         self.kubectl.delete("namespace", namespace, wait=False)
         return result
@@ -663,7 +692,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for path in cluster_crds():
                 kubectl.apply(yaml.safe_load(path.read_text()))
             kubectl.run("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
-            bench = Bench(cluster, workdir, args.workers, in_flight=args.in_flight, memory_profiles=args.memory_profile)
+            bench = Bench(cluster, workdir, args.workers, in_flight=args.in_flight, memory_profiles=args.memory_profile,
+                          cpu_profiles=args.cpu_profile)  # fmt: skip
             nodes = 0
             for jobs in args.sizes:
                 pool = f"size-{jobs}"
@@ -738,6 +768,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-profile", type=pathlib.Path, metavar="DIR",
                         help="run phalanx under memray (pip install memray) and keep its captures in DIR; "
                         "its RSS then includes the profiler's")  # fmt: skip
+    parser.add_argument("--cpu-profile", type=pathlib.Path, metavar="DIR",
+                        help="sample phalanx with py-spy (pip install py-spy) from submission to the end and keep "
+                        "its speedscope profiles in DIR")  # fmt: skip
     args = parser.parse_args(argv)
     args.sizes = [int(size) for size in args.sizes.split(",")]
     args.contenders = [c for c in args.contenders.split(",") if c]

@@ -96,8 +96,7 @@ async def operator_in_process(credentials: Credentials, namespace: str, crds: li
     runtime = Runtime.start(client, WorkQueue(handle), namespaces=(namespace,), watch_nodes=True)
     runtime.queue.start()
     runtime.progress = ProgressPoller(runtime.jobs, runtime.children, runtime.queue.enqueue, interval=1.0, timeout=0.2)
-    tasks = [supervised(f"watch of {informer}", informer.run) for informer in runtime.informers]
-    tasks.append(supervised("progress poller", runtime.progress.run))
+    tasks = [supervised(name, work) for name, work in runtime.background()]
     try:
         await until(runtime.synced, "every informer synced", 30)
         yield runtime
@@ -197,6 +196,7 @@ async def test_a_deleted_job_leaves_nothing_behind(
                 )
                 if weighing:
                     await until(runtime.queue.idle.is_set, "the work queue idle", 30)
+                    await until(runtime.events.idle, "every event posted", 30)
                     weighed.append((first + BATCH, traced_bytes()))
                     if first + BATCH == WEIGH_FROM:
                         baseline = tracemalloc.take_snapshot()

@@ -11,6 +11,7 @@ import ssl
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from aiohttp import web
 
 from phalanx.cluster import client as client_module
 from phalanx.cluster.client import ApiClient, ApiError, Credentials
+from phalanx.cluster.events import EventRecorder
+from phalanx.reconcile.plan import Event
 
 
 class Server:
@@ -25,6 +28,7 @@ class Server:
 
     def __init__(self) -> None:
         self.seen: dict[str, int] = {}
+        self.order: list[str] = []
         self.app = web.Application()
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self.behaviour: dict[str, str] = {}
@@ -33,10 +37,13 @@ class Server:
     async def handle(self, request: web.Request) -> web.Response:
         path = request.path
         self.seen[path] = self.seen.get(path, 0) + 1
+        self.order.append(path)
         self.arrived.set()
         what = self.behaviour.get(path, "ok")
         if what == "hang":
             await asyncio.sleep(2)
+        if what == "slow":
+            await asyncio.sleep(0.2)
         if what == "503":
             return web.json_response({"reason": "ServiceUnavailable", "message": "busy"}, status=503)
         if what == "429-once" and self.seen[path] == 1:
@@ -131,3 +138,80 @@ def test_a_client_certificate_leaves_no_file_behind(tmp_path: Path, monkeypatch:
     context = client_module._ssl_context(credentials)
     assert isinstance(context, ssl.SSLContext)
     assert list(scratch.iterdir()) == []
+
+
+async def test_a_freed_slot_goes_to_a_waiting_request_before_any_background_one() -> None:
+    slots = client_module.RequestSlots(1)
+    await slots.acquire()
+    order: list[str] = []
+
+    async def take(name: str, background: bool) -> None:
+        await slots.acquire(background=background)
+        order.append(name)
+        slots.release()
+
+    waiting = [
+        asyncio.create_task(take("event", True)),
+        asyncio.create_task(take("pod-1", False)),
+        asyncio.create_task(take("pod-2", False)),
+    ]
+    await asyncio.sleep(0)
+    assert slots.waiting() == 3
+    slots.release()
+    await asyncio.gather(*waiting)
+    assert order == ["pod-1", "pod-2", "event"] and slots.in_flight == 0
+
+
+async def test_a_request_cancelled_while_waiting_for_a_slot_loses_no_slot() -> None:
+    slots = client_module.RequestSlots(1)
+    await slots.acquire()
+    cancelled = asyncio.create_task(slots.acquire())
+    handed_over = asyncio.create_task(slots.acquire())
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    slots.release()  # the cancelled waiter is skipped: the slot goes to the next
+    await handed_over
+    assert cancelled.cancelled() and slots.in_flight == 1
+    late = asyncio.create_task(slots.acquire())
+    await asyncio.sleep(0)
+    slots.release()  # handed to ``late``, which is cancelled before it runs: it passes the slot on
+    late.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await late
+    assert slots.in_flight == 0 and slots.waiting() == 0
+
+
+async def test_events_wait_for_requests_that_came_after_them(server: tuple[Server, str]) -> None:
+    backend, url = server
+    backend.behaviour["/hold"] = "slow"
+    job = {"metadata": {"name": "train", "namespace": "ml", "uid": "u1"}}
+    async with ApiClient(Credentials(server=url), max_in_flight=1) as client:
+        recorder = EventRecorder(client)
+        senders = asyncio.create_task(recorder.run())
+        holding = asyncio.create_task(client.request("GET", "/hold"))
+        await backend.arrived.wait()  # the only slot is taken
+        for reason in ("Pending", "Starting"):
+            recorder.record(job, Event("Normal", reason, "..."), datetime.now(UTC))
+        await asyncio.sleep(0.05)  # the senders wait for a slot now
+        pods = [client.request("POST", f"/api/v1/namespaces/ml/pods/w{i}", body={}) for i in range(4)]
+        await asyncio.gather(holding, *pods)
+        while not recorder.idle():  # noqa: ASYNC110 - idle() is a poll by design
+            await asyncio.sleep(0.01)
+        senders.cancel()
+    assert recorder.posted == 2
+    assert backend.order == [
+        "/hold",
+        *(f"/api/v1/namespaces/ml/pods/w{i}" for i in range(4)),
+        *2 * ["/api/v1/namespaces/ml/events"],
+    ]
+
+
+async def test_a_full_event_backlog_drops_the_oldest(server: tuple[Server, str]) -> None:
+    backend, url = server
+    job = {"metadata": {"name": "train", "namespace": "ml", "uid": "u1"}}
+    async with ApiClient(Credentials(server=url)) as client:
+        recorder = EventRecorder(client, backlog=2)
+        for reason in ("First", "Second", "Third"):
+            recorder.record(job, Event("Normal", reason, "..."), datetime.now(UTC))
+        await recorder.flush(5)
+    assert recorder.dropped == 1 and recorder.posted == 2 and backend.seen["/api/v1/namespaces/ml/events"] == 2

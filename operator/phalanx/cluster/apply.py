@@ -2,7 +2,8 @@
 
 Order matters for crash safety: status first (it records a new attempt, and the UIDs of the
 failures it counts, before anything else happens), then the gang's PodGroup, then the Service,
-the store and the workers in parallel (bounded by the client's cap), then deletions, then events.
+the store and the workers in parallel (bounded by the client's cap), then deletions; events go to
+the ``EventRecorder``, which posts them after the requests that create and fix things.
 A status write that only reports progress may be held back for a moment (``StatusPacer``).
 A SIGKILL between any two requests leaves a state the next pass completes without counting or
 creating anything twice:
@@ -28,25 +29,20 @@ import dataclasses
 import logging
 import re
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import aiohttp
-
 from phalanx.api import v1alpha1 as api
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, controller_of
 from phalanx.cluster.client import ApiClient, ApiError
+from phalanx.cluster.events import EventRecorder
 from phalanx.reconcile.observed import Refusal
-from phalanx.reconcile.plan import Event, Plan, progress_only, status_changed
-from phalanx.reconcile.status import format_time
+from phalanx.reconcile.plan import Plan, progress_only, status_changed
 
 logger = logging.getLogger(__name__)
 
-REPORTING_COMPONENT = "phalanx"
-MAX_EVENT_MESSAGE = 1024
 PROGRESS_WRITE_SECONDS = 5.0  # PHALANX_STATUS_PROGRESS_SECONDS
 STARTUP_PROGRESS_WRITE_SECONDS = 15.0
 BUSY_PROGRESS_WRITE_SECONDS = 30.0
@@ -179,6 +175,7 @@ class Execution:
     jobs: JobCache
     children: ChildCache
     refusals: RefusalMemory
+    events: EventRecorder
     pacer: StatusPacer = dataclasses.field(default_factory=StatusPacer)
 
 
@@ -231,40 +228,6 @@ async def _update(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any]
             return  # replaced or gone since we looked: the next pass sees it
         raise
     run.children.observe("MODIFIED", response)
-
-
-async def post_event(client: ApiClient, job: Mapping[str, Any], event: Event, now: datetime) -> None:
-    """Record a core/v1 Event on the TrainingJob (best effort: events are not state).
-
-    Its name is new each time, so a POST that may have reached the server is never sent again.
-    """
-    metadata = job["metadata"]
-    stamp = format_time(now)
-    body = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{metadata['name']}.{uuid.uuid4().hex[:16]}", "namespace": metadata["namespace"]},
-        "involvedObject": {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
-            "name": metadata["name"],
-            "namespace": metadata["namespace"],
-            "uid": metadata.get("uid", ""),
-        },
-        "reason": event.reason,
-        "message": event.message[:MAX_EVENT_MESSAGE],
-        "type": event.type,
-        "source": {"component": REPORTING_COMPONENT},
-        "reportingComponent": REPORTING_COMPONENT,
-        "reportingInstance": REPORTING_COMPONENT,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
-    try:
-        await client.request("POST", f"/api/v1/namespaces/{metadata['namespace']}/events", body=body)
-    except (ApiError, TimeoutError, aiohttp.ClientError, OSError) as error:
-        logger.warning("could not record event %s on %s: %s", event.reason, metadata["name"], error)
 
 
 async def write_status(run: Execution, job: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
@@ -335,7 +298,8 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
             run.children.mark_deleting(uid, child)
 
     await asyncio.gather(*(remove(d.kind, d.name, d.grace_seconds) for d in plan.delete))
-    await asyncio.gather(*(post_event(run.client, job, event, now) for event in plan.events))
+    for event in plan.events:
+        run.events.record(job, event, now)
     if plan.delete_job:
         await run.client.delete(api.API_VERSION, api.KIND, namespace, name, plural=api.PLURAL, uid=uid)
         run.jobs.deleted((namespace, name), uid)

@@ -3,7 +3,7 @@
 Plain JSON over aiohttp, no model classes: the official client's deserialisation into
 typed models costs milliseconds per object, which a reconcile loop pays on every pass.
 Writes use server-side apply with one field manager, so applying an object we already
-own is idempotent and never conflicts. A semaphore caps requests in flight: kopf and
+own is idempotent and never conflicts. ``RequestSlots`` caps requests in flight: kopf and
 aiohttp have no client-side rate limit, and an unbounded fan-out of pod creations on a
 small API server would raise latency for every other client.
 """
@@ -16,6 +16,7 @@ import logging
 import ssl
 import tempfile
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,42 @@ def _ssl_context(credentials: Credentials) -> ssl.SSLContext | bool:
     return context
 
 
+class RequestSlots:
+    """At most ``limit`` requests in flight. A freed slot goes to the longest-waiting request, but a
+    background request (an Event) waits while any other request does: when the API server is the
+    bottleneck, what it spends on records should not delay the pods jobs wait for."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self._waiting: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (deque(), deque())
+
+    async def acquire(self, *, background: bool = False) -> None:
+        if self.in_flight < self.limit:  # a slot is free only while nobody waits (release hands it over)
+            self.in_flight += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting[background].append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed a slot just as it was cancelled: pass it on
+            raise
+
+    def release(self) -> None:
+        for waiting in self._waiting:
+            while waiting:
+                waiter = waiting.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)  # the slot changes hands; in_flight stays
+                    return
+        self.in_flight -= 1
+
+    def waiting(self) -> int:
+        return sum(1 for waiting in self._waiting for waiter in waiting if not waiter.done())
+
+
 class ApiClient:
     """JSON requests with a cap on concurrency and retries on throttling and server errors."""
 
@@ -111,7 +148,7 @@ class ApiClient:
     ) -> None:
         self.credentials = credentials
         self.max_in_flight = max_in_flight
-        self._slots = asyncio.Semaphore(max_in_flight)
+        self.slots = RequestSlots(max_in_flight)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
@@ -174,6 +211,7 @@ class ApiClient:
         body: Any = None,
         content_type: str = "application/json",
         idempotent: bool | None = None,
+        background: bool = False,
     ) -> dict[str, Any]:
         """Send one request; retry throttling and server errors; raise ApiError otherwise.
 
@@ -181,7 +219,8 @@ class ApiClient:
         sent again only when repeating it is harmless: every method but POST, or a POST the
         caller marks ``idempotent`` (a create with a fixed name answers 409 the second time).
         A 429 was refused before it was processed, so it is always retried. No concurrency
-        slot is held while waiting to retry.
+        slot is held while waiting to retry. A ``background`` request gets a slot only when no
+        other request waits for one (``RequestSlots``).
         """
         session = self._open()
         data = None if body is None else json.dumps(body, separators=(",", ":"))
@@ -191,26 +230,28 @@ class ApiClient:
             headers["Authorization"] = f"Bearer {token}"
         repeatable = method != "POST" if idempotent is None else idempotent
         for attempt, delay in enumerate((*RETRY_DELAYS, None)):
-            async with self._slots:
-                self.requests += 1
-                try:
-                    async with session.request(method, path, params=params, data=data, headers=headers) as response:
-                        text = await response.text()
-                        status = response.status
-                        retry_after = response.headers.get("Retry-After")
-                except aiohttp.ClientConnectorError as error:
-                    # Never connected: the server did not see the request.
-                    if delay is None:
-                        raise
-                    wait: float | None = delay
-                    logger.debug("%s %s: cannot connect (%s), retry %d", method, path, error, attempt + 1)
-                except (TimeoutError, aiohttp.ClientConnectionError) as error:
-                    if delay is None or not repeatable:
-                        raise
-                    wait = delay
-                    logger.debug("%s %s failed (%s), retry %d", method, path, error, attempt + 1)
-                else:
-                    wait = None
+            await self.slots.acquire(background=background)
+            self.requests += 1
+            try:
+                async with session.request(method, path, params=params, data=data, headers=headers) as response:
+                    text = await response.text()
+                    status = response.status
+                    retry_after = response.headers.get("Retry-After")
+            except aiohttp.ClientConnectorError as error:
+                # Never connected: the server did not see the request.
+                if delay is None:
+                    raise
+                wait: float | None = delay
+                logger.debug("%s %s: cannot connect (%s), retry %d", method, path, error, attempt + 1)
+            except (TimeoutError, aiohttp.ClientConnectionError) as error:
+                if delay is None or not repeatable:
+                    raise
+                wait = delay
+                logger.debug("%s %s failed (%s), retry %d", method, path, error, attempt + 1)
+            else:
+                wait = None
+            finally:
+                self.slots.release()
             if wait is not None:
                 await asyncio.sleep(wait)
                 continue

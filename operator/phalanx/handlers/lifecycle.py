@@ -25,6 +25,7 @@ from phalanx.reconcile import naming
 
 logger = logging.getLogger(__name__)
 RESTART_DELAY_SECONDS = 5.0
+EVENT_FLUSH_SECONDS = 5.0  # at shut-down, within the pod's grace period
 
 
 def _setting(name: str, default: int) -> int:
@@ -95,9 +96,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     interval = _setting("PHALANX_PROGRESS_INTERVAL_SECONDS", 15)
     if interval > 0:
         runtime.progress = ProgressPoller(runtime.jobs, runtime.children, runtime.queue.enqueue, interval=interval)
-    tasks = [supervised(f"watch of {informer}", informer.run) for informer in runtime.informers]
-    if runtime.progress is not None:
-        tasks.append(supervised("progress poller", runtime.progress.run))
+    tasks = [supervised(name, work) for name, work in runtime.background()]
     memo.tasks = tasks
     memo.runtime = runtime
     metrics_port = _setting("PHALANX_METRICS_PORT", 8000)
@@ -116,6 +115,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime: Runtime | None = getattr(memo, "runtime", None)
     if runtime is not None:
         await runtime.queue.stop()
+        await runtime.events.flush(EVENT_FLUSH_SECONDS)
         await runtime.client.close()
 
 

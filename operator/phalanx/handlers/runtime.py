@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import kopf
@@ -20,6 +20,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.cluster.apply import Execution, RefusalMemory, StatusPacer
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, NodeCache, WorkloadCache
 from phalanx.cluster.client import ApiClient, Credentials
+from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
@@ -86,6 +87,10 @@ class Runtime:
     pacer: StatusPacer = field(default_factory=StatusPacer)
     progress: ProgressPoller | None = None  # None when PHALANX_PROGRESS_INTERVAL_SECONDS is 0
     informers: list[Informer] = field(default_factory=list)
+    events: EventRecorder = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.events = EventRecorder(self.client)
 
     @classmethod
     def start(
@@ -138,6 +143,17 @@ class Runtime:
                 )
             )
         return runtime
+
+    def background(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        """The long-running work besides the queue: the watches, the progress poller, the event
+        senders (name and coroutine function, for the caller to supervise)."""
+        work: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            (f"watch of {informer}", informer.run) for informer in self.informers
+        ]
+        if self.progress is not None:
+            work.append(("progress poller", self.progress.run))
+        work.append(("event recorder", self.events.run))
+        return work
 
     # -- what wakes a job ------------------------------------------------------------------------
 
@@ -223,5 +239,10 @@ class Runtime:
 
     def execution(self) -> Execution:
         return Execution(
-            client=self.client, jobs=self.jobs, children=self.children, refusals=self.refusals, pacer=self.pacer
+            client=self.client,
+            jobs=self.jobs,
+            children=self.children,
+            refusals=self.refusals,
+            events=self.events,
+            pacer=self.pacer,
         )
