@@ -17,7 +17,9 @@ workers, one GPU per worker) each contender in turn gets a namespace of its own 
   (QPS 20, burst 30, 1 thread) and tuned (QPS 500, burst 1000, 16 threads).
 
 Measured for each: seconds from submission to every worker pod created and to every one Running
-(from a watch); then every worker exits 0 (KWOK), and the jobs finish and are deleted by their TTL.
+(from a watch). Jobs are submitted as the raw client sends its objects, ``--in-flight`` POSTs at a
+time (kubectl creates a list one item after another: 250 jobs took it 30 s while the operator
+created their pods, so kubectl, not the operator, set the pace); then every worker exits 0 (KWOK), and the jobs finish and are deleted by their TTL.
 Each contender talks to the API server under an identity of its own, and the API server's audit
 log gives its requests by verb and resource over that whole lifecycle (per job). For the operators:
 peak RSS (VmHWM) and CPU seconds of the process, RSS when idle before the jobs came, and status
@@ -52,7 +54,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT
+from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT, resource_path
 from phalanx.reconcile import desired, environment, naming
 from tests.benchmarks.harness import commit, stop_on_signals
 from tests.cluster import binaries
@@ -281,6 +283,44 @@ def status_writes_until_running(events: list[dict[str, Any]], resource: str, run
     return round(writes / max(1, len(running)), 2)
 
 
+class ApiServerProfile:
+    """The API server's CPU profile (Go pprof, 5-second captures back to back) from a contender's
+    submission until ``done``; ``summary`` merges the captures into pprof's top functions."""
+
+    CAPTURE_SECONDS = 5
+
+    def __init__(self, cluster: LocalCluster, out: pathlib.Path, done: Callable[[], bool]) -> None:
+        self.cluster, self.out, self.done = cluster, out, done
+        self.captures: list[pathlib.Path] = []
+        self.thread = threading.Thread(target=self.capture, daemon=True)
+
+    def capture(self) -> None:
+        while not self.done():
+            status, body = self.cluster.api_get(f"/debug/pprof/profile?seconds={self.CAPTURE_SECONDS}",
+                                                timeout=self.CAPTURE_SECONDS + 30)  # fmt: skip
+            if status != 200:
+                say(f"  API server profile: HTTP {status}: {body[:200]!r}")
+                return
+            path = self.out.with_name(f"{self.out.name}-{len(self.captures)}.pprof")
+            path.write_bytes(body)
+            self.captures.append(path)
+
+    def __enter__(self) -> ApiServerProfile:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.thread.join(self.CAPTURE_SECONDS + 60)
+        if not self.captures:
+            return
+        top = subprocess.run(["go", "tool", "pprof", "-top", "-nodecount=60", *map(str, self.captures)],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+        summary = self.out.with_name(f"{self.out.name}-top.txt")
+        summary.write_text(top.stdout + top.stderr)
+        say(f"  API server profile: {len(self.captures)} captures, top functions in {summary}")
+
+
 # -- the contenders ----------------------------------------------------------------------------------
 
 
@@ -294,12 +334,14 @@ class Bench:
         in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         memory_profiles: pathlib.Path | None = None,
         cpu_profiles: pathlib.Path | None = None,
+        apiserver_profiles: pathlib.Path | None = None,
     ) -> None:
         self.cluster = cluster
         self.in_flight = in_flight
         self.operator_env = {"PHALANX_MAX_IN_FLIGHT": str(in_flight)}
         self.memory_profiles = memory_profiles
         self.cpu_profiles = cpu_profiles
+        self.apiserver_profiles = apiserver_profiles
         self.workdir = workdir
         self.workers = workers
         self.kubectl = Kubectl(cluster.kubeconfig)
@@ -342,6 +384,12 @@ class Bench:
             result["operator_cpu_seconds_to_all_created"] = round(operator, 1)
         return result
 
+    def apiserver_profile(self, name: str, watch: Watch, total: int) -> contextlib.AbstractContextManager[object]:
+        """With --apiserver-profile: the API server profiled until all ``total`` workers exist."""
+        if self.apiserver_profiles is None:
+            return contextlib.nullcontext()
+        return ApiServerProfile(self.cluster, self.apiserver_profiles / name, lambda: len(watch.created) >= total)
+
     def cpu_seconds(self) -> tuple[float, float]:
         """CPU time the API server and the contender's operator (if any) have used so far."""
         return self.apiserver_cpu_seconds(), process_usage(self.operator_pid)[1] if self.operator_pid else 0.0
@@ -351,10 +399,16 @@ class Bench:
     ) -> dict[str, Any]:
         """Submit the jobs at once, time their workers' creation and start, then let them finish."""
         jobs = len(items)
-        listing = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
-        cpu, submitted = self.cpu_seconds(), time.monotonic()
-        self.kubectl.run("create", f"--namespace={namespace}", "-f", "-", input=listing, timeout=600)
-        result = self.measure_creation(watch, jobs * self.workers, submitted, timeout, cpu)
+        for item in items:
+            item["metadata"]["namespace"] = namespace
+        total = jobs * self.workers
+        with self.apiserver_profile(f"{namespace}x{self.workers}", watch, total):
+            cpu, submitted = self.cpu_seconds(), time.monotonic()
+            asyncio.run(self.create_all(items, self.cluster.ssl_context()))
+            submission = time.monotonic() - submitted
+            say(f"  {jobs} jobs submitted in {submission:.2f}s")
+            result = self.measure_creation(watch, total, submitted, timeout, cpu)
+            result["seconds_to_all_submitted"] = round(submission, 2)
         wait("every job Running", lambda: len(watch.jobs_running) >= jobs, timeout)
         return {**result, "seconds_to_finish_and_delete": self.finish_and_drain(namespace, selector, resource, timeout)}
 
@@ -401,9 +455,11 @@ class Bench:
         watch = Watch(self.cluster, namespace, lambda pod: pod["metadata"].get("labels", {}).get(naming.ROLE_LABEL)
                       == naming.ROLE_WORKER).start("", lambda job: False)  # fmt: skip
         try:
-            cpu, submitted = self.cpu_seconds(), time.monotonic()
-            asyncio.run(self.create_all(objects, user))
-            result: dict[str, Any] = self.measure_creation(watch, jobs * self.workers, submitted, timeout, cpu)
+            total = jobs * self.workers
+            with self.apiserver_profile(f"{namespace}x{self.workers}", watch, total):
+                cpu, submitted = self.cpu_seconds(), time.monotonic()
+                asyncio.run(self.create_all(objects, self.client_context(user)))
+                result: dict[str, Any] = self.measure_creation(watch, total, submitted, timeout, cpu)
         finally:
             watch.stop()
         events = audited_requests(self.audit_log, user)
@@ -412,17 +468,22 @@ class Bench:
         self.kubectl.delete("namespace", namespace, wait=False)
         return result
 
-    async def create_all(self, objects: list[dict[str, Any]], user: str) -> None:
+    def client_context(self, user: str) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.cluster.ca_cert))
         pki = self.workdir / "pki"
         context.load_cert_chain(str(pki / f"{user}.crt"), str(pki / f"{user}.key"))
+        return context
+
+    async def create_all(self, objects: list[dict[str, Any]], context: ssl.SSLContext) -> None:
+        """POST every object, ``--in-flight`` at a time (the raw client's objects, and every
+        contender's jobs: kubectl creates one after another, 30 s for 250 jobs here)."""
         gate = asyncio.Semaphore(self.in_flight)
         connector = aiohttp.TCPConnector(ssl=context, limit=self.in_flight)
         async with aiohttp.ClientSession(connector=connector) as session:
 
             async def create(obj: dict[str, Any]) -> None:
-                plural = {"Service": "services", "Pod": "pods"}[obj["kind"]]
-                url = f"{self.cluster.server}/api/v1/namespaces/{obj['metadata']['namespace']}/{plural}"
+                path = resource_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
+                url = f"{self.cluster.server}{path}"
                 async with gate:
                     for attempt in range(5):
                         async with session.post(url, json=obj) as response:
@@ -663,7 +724,7 @@ class Bench:
 
 
 @contextlib.contextmanager
-def bench_cluster(workdir: pathlib.Path) -> Iterator[LocalCluster]:
+def bench_cluster(workdir: pathlib.Path, *, profiling: bool = False) -> Iterator[LocalCluster]:
     policy = workdir / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     cluster = LocalCluster(
@@ -671,7 +732,8 @@ def bench_cluster(workdir: pathlib.Path) -> Iterator[LocalCluster]:
         kwok=True,
         extra_apiserver_args=[f"--audit-policy-file={policy}", f"--audit-log-path={workdir / 'audit.log'}",
                               "--audit-log-maxsize=0", "--audit-log-format=json", "--audit-log-mode=batch",
-                              "--audit-log-batch-buffer-size=200000", "--audit-log-batch-max-wait=1s"],
+                              "--audit-log-batch-buffer-size=200000", "--audit-log-batch-max-wait=1s",
+                              *(["--profiling=true"] if profiling else [])],
     )  # fmt: skip
     try:
         cluster.start()
@@ -687,13 +749,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     scratch_root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="scale-", dir=scratch_root) as scratch:
         workdir = pathlib.Path(scratch)
-        with bench_cluster(workdir) as cluster:
+        with bench_cluster(workdir, profiling=args.apiserver_profile is not None) as cluster:
             kubectl = Kubectl(cluster.kubeconfig)
             for path in cluster_crds():
                 kubectl.apply(yaml.safe_load(path.read_text()))
             kubectl.run("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
             bench = Bench(cluster, workdir, args.workers, in_flight=args.in_flight, memory_profiles=args.memory_profile,
-                          cpu_profiles=args.cpu_profile)  # fmt: skip
+                          cpu_profiles=args.cpu_profile, apiserver_profiles=args.apiserver_profile)  # fmt: skip
             nodes = 0
             for jobs in args.sizes:
                 pool = f"size-{jobs}"
@@ -771,6 +833,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-profile", type=pathlib.Path, metavar="DIR",
                         help="sample phalanx with py-spy (pip install py-spy) from submission to the end and keep "
                         "its speedscope profiles in DIR")  # fmt: skip
+    parser.add_argument("--apiserver-profile", type=pathlib.Path, metavar="DIR",
+                        help="profile the API server (Go pprof) from each contender's submission until all its "
+                        "workers exist; captures and their merged top functions (needs go) go to DIR")  # fmt: skip
     args = parser.parse_args(argv)
     args.sizes = [int(size) for size in args.sizes.split(",")]
     args.contenders = [c for c in args.contenders.split(",") if c]
