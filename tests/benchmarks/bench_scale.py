@@ -19,11 +19,12 @@ workers, one GPU per worker) each contender in turn gets a namespace of its own 
 Measured for each: seconds from submission to every worker pod created and to every one Running
 (from a watch). Jobs are submitted as the raw client sends its objects, ``--in-flight`` POSTs at a
 time (kubectl creates a list one item after another: 250 jobs took it 30 s while the operator
-created their pods, so kubectl, not the operator, set the pace); then every worker exits 0 (KWOK), and the jobs finish and are deleted by their TTL.
-Each contender talks to the API server under an identity of its own, and the API server's audit
-log gives its requests by verb and resource over that whole lifecycle (per job). For the operators:
-peak RSS (VmHWM) and CPU seconds of the process, RSS when idle before the jobs came, and status
-writes per job from its creation until it first reported Running.
+created their pods, so kubectl, not the operator, set the pace). Then every worker exits 0
+(KWOK), and the jobs finish and are deleted by their TTL. Each contender talks to the API
+server under an identity of its own, and the API server's audit log gives its requests by verb
+and resource over that whole lifecycle (per job). For the operators: peak RSS (VmHWM) and CPU
+seconds of the process, RSS when idle before the jobs came, and status writes per job from its
+creation until it first reported Running.
 
 Progress goes to stderr; one JSON object with the commit goes to stdout.
 """

@@ -10,10 +10,9 @@ creating anything twice:
 
 - the status write is conditional on the resourceVersion the plan was made from, so a status
   computed from a stale view is refused (409) instead of overwriting a newer one;
-- children are created in a way that never touches an existing object (``ApiClient.create``:
-  pods by POST, the rest by a create-only server-side apply): a name held by an object this job
-  does not control is left alone and reported, and a create that finds our own object (the
-  response was lost, or the cache was behind) just takes it into the cache;
+- children are created by POST, which never touches an existing object (``ApiClient.create``): a
+  name held by an object this job does not control is left alone and reported, and a create that
+  finds our own object (the response was lost, or the cache was behind) just takes it into the cache;
 - drifted Services and PodGroups are server-side applied with their UID as a precondition;
 - pods are deleted with their UID as a precondition, so only the pod that was planned goes.
 
