@@ -430,15 +430,19 @@ class Bench:
         """Label every pod the selector finds and lacks the labels, as many at once as the raw
         client sends (kubectl labels one pod after another: minutes at 10,000 pods)."""
         base = f"{self.cluster.server}/api/v1/namespaces/{namespace}/pods"
+        gate = asyncio.Semaphore(self.in_flight)
         connector = aiohttp.TCPConnector(ssl=self.cluster.ssl_context(), limit=self.in_flight)
-        async with aiohttp.ClientSession(connector=connector) as session:
+        # aiohttp's default total timeout (300 s) counts the wait for a connection: 10,000 labels
+        # queue longer than that; each request is bounded by the socket read timeout instead
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=120)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             async with session.get(base, params={"labelSelector": selector}) as response:
                 pods = (await response.json())["items"]
             patch = json.dumps({"metadata": {"labels": labels}})
             headers = {"Content-Type": "application/merge-patch+json"}
 
             async def label(name: str) -> None:
-                async with session.patch(f"{base}/{name}", data=patch, headers=headers) as answer:
+                async with gate, session.patch(f"{base}/{name}", data=patch, headers=headers) as answer:
                     if answer.status not in (200, 404):  # 404: its job finished meanwhile
                         raise RuntimeError(f"PATCH pod {name}: {answer.status} {await answer.text()}")
 
