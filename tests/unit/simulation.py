@@ -58,6 +58,7 @@ class World:
         self.foreign: set[tuple[str, str]] = set()  # names held by objects this job does not control
         self.missing_apis: dict[str, str] = {}
         self.node_capacity = ""  # the fingerprint of what the nodes offer (NodeCache.capacity)
+        self.node_allocatable: tuple[dict[str, str], ...] = ()  # each schedulable node's allocatable
         self.workload: QueuedWorkload | None = None  # what Kueue says about the current pod group
         self._uids = itertools.count(1)
         self.now = now
@@ -88,6 +89,7 @@ class World:
             refusals=dict(self.refusals),
             missing_apis=dict(self.missing_apis),
             node_capacity=self.node_capacity,
+            node_allocatable=self.node_allocatable,
             workload=self.workload,
         )
 

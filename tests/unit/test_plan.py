@@ -424,3 +424,63 @@ def test_one_worker_deleted_from_outside_is_refilled_in_the_same_attempt() -> No
     plan = world.reconcile()
     assert [obj["metadata"]["name"] for obj in plan.apply] == ["demo-worker-2"]
     assert world.status["restarts"] == 0
+
+
+def test_a_suspended_job_is_ready_as_its_spec_asks() -> None:
+    world = World(job(suspend=True))
+    world.settle()
+    assert world.status["phase"] == "Suspended"
+    assert {k: v for k, v in conditions(world).items() if v == "True"} == {"Ready": "True", "Suspended": "True"}
+
+
+NODE_8_GPUS = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8", "pods": "110"}
+
+
+def test_a_worker_larger_than_every_node_stalls_the_job_until_such_a_node_comes() -> None:
+    world = World(job(gpus={"count": 16}))
+    world.node_allocatable = (NODE_8_GPUS, NODE_8_GPUS)
+    world.settle()
+    world.unschedulable("demo-worker-0", "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+    world.reconcile()
+    assert (world.status["phase"], world.status["reason"]) == ("Pending", "InsufficientCapacity")
+    assert "no schedulable node can hold a worker" in world.status["message"]
+    assert "nvidia.com/gpu 16" in world.status["message"]
+    assert conditions(world)["Stalled"] == "True" and conditions(world)["Reconciling"] == "False"
+    world.node_allocatable = (NODE_8_GPUS, {**NODE_8_GPUS, "nvidia.com/gpu": "48"})  # room for all 3
+    world.reconcile()
+    assert world.status["reason"] == "Unschedulable"  # possible again: waiting, not stalled
+    assert conditions(world)["Stalled"] == "False" and conditions(world)["Reconciling"] == "True"
+
+
+def test_more_workers_than_the_nodes_can_hold_stall_a_rescale_but_busy_nodes_do_not() -> None:
+    world = World(job(gpus={"count": 4}, workers={"min": 2, "max": 8, "desired": 2}))
+    world.node_allocatable = (NODE_8_GPUS,)
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.body["spec"]["workers"]["desired"] = 3
+    world.settle()
+    world.unschedulable("demo-worker-2", "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.")
+    world.reconcile()
+    assert (world.status["phase"], world.status["reason"]) == ("Rescaling", "InsufficientCapacity")
+    assert "can hold at most 2 worker(s)" in world.status["message"], world.status["message"]
+    assert conditions(world)["Stalled"] == "True"
+    world.node_allocatable = (NODE_8_GPUS, NODE_8_GPUS)  # room for 4: the third waits for busy nodes
+    world.reconcile()
+    assert (world.status["phase"], world.status["reason"]) == ("Rescaling", "Rescaling")
+    assert conditions(world)["Stalled"] == "False" and conditions(world)["Reconciling"] == "True"
+
+
+def test_a_gang_beyond_its_queues_whole_quota_is_stalled() -> None:
+    world = World(job(gang={"scheduler": "kueue", "queue": "team-a"}))
+    world.settle()
+    world.workload = QueuedWorkload(
+        name=naming.kueue_group_name("demo", 0),
+        admitted=False,
+        message="couldn't assign flavors to pod set workers: insufficient quota for nvidia.com/gpu in flavor "
+        "default, previously considered podsets requests (0) + current podset request (24) > maximum capacity (16)",
+    )
+    world.reconcile()
+    assert (world.status["phase"], world.status["reason"]) == ("Pending", "ExceedsQueueCapacity")
+    assert "maximum capacity (16)" in world.status["message"]
+    assert conditions(world)["Stalled"] == "True"

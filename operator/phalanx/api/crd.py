@@ -108,6 +108,9 @@ def trainingjob_schema() -> Schema:
     spec = openapi_schema(api.TrainingJobSpec)
     status = openapi_schema(api.TrainingJobStatus)
     status["description"] = (api.TrainingJobStatus.__doc__ or "").strip()
+    # Until the operator's first status write a job reads observedGeneration 0, so GitOps tools
+    # (kstatus, Argo CD) see a generation not yet observed instead of a status-less "reconciled".
+    status["default"] = {"observedGeneration": 0}
     return {
         "type": "object",
         "description": "A distributed PyTorch training job that keeps training through worker loss.",

@@ -380,6 +380,7 @@ class ChildCache:
         refusals: Mapping[str, Refusal] | None = None,
         missing_apis: Mapping[str, str] | None = None,
         node_capacity: str = "",
+        node_allocatable: tuple[Mapping[str, str], ...] = (),
         workload: QueuedWorkload | None = None,
     ) -> Observed:
         return Observed(
@@ -392,6 +393,7 @@ class ChildCache:
             refusals=dict(refusals or {}),
             missing_apis=dict(missing_apis or {}),
             node_capacity=node_capacity,
+            node_allocatable=node_allocatable,
             workload=workload,
         )
 
@@ -414,6 +416,8 @@ class NodeCache:
         self._unready: set[str] = set()
         self._known: set[str] = set()
         self._offers: dict[str, str] = {}  # schedulable node -> what it offers
+        self._allocatable: dict[str, Mapping[str, str]] = {}  # schedulable node -> its allocatable
+        self._allocatable_view: tuple[Mapping[str, str], ...] | None = None
         # XOR of one digest per (node, offer): updated per node event, independent of order, so
         # the fingerprint costs O(1) however many nodes there are
         self._offer_digest = 0
@@ -439,6 +443,13 @@ class NodeCache:
         else:
             self._known.add(name)
         self._observe_offer(name, None if deleted or unready else _offer(body))
+        if name in self._offers:
+            allocatable = (body.get("status") or {}).get("allocatable") or {}
+            if self._allocatable.get(name) != allocatable:
+                self._allocatable[name] = {str(k): str(v) for k, v in allocatable.items()}
+                self._allocatable_view = None
+        elif self._allocatable.pop(name, None) is not None:
+            self._allocatable_view = None
         changed = before != unready or deleted
         if changed and self._on_change is not None:
             self._on_change(name)
@@ -468,6 +479,12 @@ class NodeCache:
 
     def unready(self) -> frozenset[str]:
         return frozenset(self._unready)
+
+    def allocatable(self) -> tuple[Mapping[str, str], ...]:
+        """What each schedulable node can give pods in all (rebuilt only when a node changed)."""
+        if self._allocatable_view is None:
+            self._allocatable_view = tuple(self._allocatable.values())
+        return self._allocatable_view
 
     def pod_released(self) -> None:
         """A pod went away: what it held on its node is free again."""

@@ -230,6 +230,7 @@ class Runtime:
             refusals=self.refusals.of(job.metadata.uid),
             missing_apis=self.missing_apis(job.metadata.namespace),
             node_capacity=self.nodes.capacity(),
+            node_allocatable=self.nodes.allocatable(),
             workload=self.workloads.get(
                 job.metadata.namespace, naming.kueue_group_name(job.metadata.name, job.status.attempt)
             )

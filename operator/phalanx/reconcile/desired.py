@@ -342,6 +342,11 @@ def _pod_requests(pod_spec: dict[str, Any]) -> dict[str, Decimal]:
     return total
 
 
+def worker_requests(job: api.TrainingJob, launch: Launch) -> dict[str, Decimal]:
+    """What one worker asks the scheduler for (limits stand in for missing requests)."""
+    return _pod_requests(worker_pod(job, launch, index=0, attempt=0)["spec"])
+
+
 def pod_group(job: api.TrainingJob, launch: Launch, node_capacity: str | None = None) -> Object | None:
     """The gang's PodGroup for scheduler-plugins or Volcano; None for other schedulers.
 
@@ -351,7 +356,7 @@ def pod_group(job: api.TrainingJob, launch: Launch, node_capacity: str | None = 
     if gang.scheduler not in ("scheduler-plugins", "volcano"):
         return None
     minimum = job.spec.workers.min
-    per_pod = _pod_requests(worker_pod(job, launch, index=0, attempt=0)["spec"])
+    per_pod = worker_requests(job, launch)
     min_resources = {name: format_quantity(value * minimum) for name, value in sorted(per_pod.items())}
     spec: dict[str, Any] = {"minMember": minimum}
     if min_resources:

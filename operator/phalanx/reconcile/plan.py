@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import desired, naming
+from phalanx.reconcile import capacity, desired, naming
 from phalanx.reconcile.environment import Launch, resolve_launch
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.failures import Failure, classify
@@ -350,7 +350,7 @@ class _Pass:
         if resized is not None:
             return self.gang_restart(current, [], store_lost=False, cause=resized)
         self.scale(launch, current)
-        return self.running_phase(current, store_pod)
+        return self.running_phase(launch, current, store_pod)
 
     def completed(self, current: list[PodRecord]) -> str | None:
         """Why training is known to have completed, or None.
@@ -539,10 +539,10 @@ class _Pass:
             self.rescaled = "up" if wanted > before else "down"
             self.events.append(Event("Normal", "Rescaling", f"desired workers changed from {before} to {wanted}"))
 
-    def running_phase(self, current: list[PodRecord], store: PodRecord | None) -> PhaseView:
+    def running_phase(self, launch: Launch, current: list[PodRecord], store: PodRecord | None) -> PhaseView:
         view = self.progress_phase(current, store)
         if not self.blocked:
-            return view
+            return self.beyond_capacity(launch, view, current)
         # Children we could not create: say why, and whether the job can train at all.
         reason, first = self.blocked[0]
         message = first if len(self.blocked) == 1 else f"{first} (and {len(self.blocked) - 1} more)"
@@ -556,6 +556,25 @@ class _Pass:
             message = f"{view.message}; {message}"
         self.stalled = (reason, message)
         return PhaseView(view.phase, reason, message)
+
+    def beyond_capacity(self, launch: Launch, view: PhaseView, current: list[PodRecord]) -> PhaseView:
+        """Stalled when what the job waits for can never come: more workers than the schedulable
+        nodes can hold, or a gang larger than its Kueue queue's whole quota. It clears by itself
+        when nodes (or quota) grow."""
+        if view.phase not in ("Pending", "Rescaling"):
+            return view
+        workload = self.observed.workload
+        if view.reason == "Queued" and workload is not None and "maximum capacity" in (workload.message or ""):
+            self.stalled = ("ExceedsQueueCapacity", f"{view.message}; it can never be admitted as it is")
+            return PhaseView(view.phase, *self.stalled)
+        if not any(pod.unschedulable_message for pod in current if pod.active):
+            return view  # the scheduler has not given up on any worker
+        wanted = self.spec.workers.desired
+        why = capacity.shortfall(desired.worker_requests(self.job, launch), self.observed.node_allocatable, wanted)
+        if why is None:
+            return view
+        self.stalled = ("InsufficientCapacity", why)
+        return PhaseView(view.phase, "InsufficientCapacity", f"{view.message}; {why}")
 
     def progress_phase(self, current: list[PodRecord], store: PodRecord | None) -> PhaseView:
         minimum, wanted = self.spec.workers.min, self.spec.workers.desired

@@ -3,7 +3,7 @@
 kstatus (Flux, kpt, Argo CD via health checks) reads, in order: observedGeneration,
 ``Reconciling=True`` (in progress), ``Stalled=True`` (failed), then ``Ready``. So
 ``Reconciling`` is True only while the operator is converging (creating, rescaling,
-restarting), not for the whole training run, and a finished job is ``Ready``.
+restarting), not for the whole training run, and a finished or suspended job is ``Ready``.
 The phase is a one-word summary of the same facts, for printer columns.
 """
 
@@ -45,7 +45,8 @@ def _truths(view: PhaseView) -> dict[str, tuple[bool, str, str]]:
     running = phase in ("Running", "Rescaling")
     ready_reason = {"Running": "WorkersReady", "Succeeded": "Succeeded"}.get(phase, reason)
     return {
-        "Ready": (phase in ("Running", "Succeeded"), ready_reason, message),
+        # A suspended job is as its spec asks: Ready, so kstatus (Flux) reads it Current.
+        "Ready": (phase in ("Running", "Succeeded", "Suspended"), ready_reason, message),
         "Reconciling": (
             phase in CONVERGING,
             reason if phase in CONVERGING else "Idle",
