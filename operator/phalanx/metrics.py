@@ -44,6 +44,9 @@ GPUS_BOUND = Gauge("phalanx_job_gpus_bound", "GPUs held by the job's workers tha
 RESTART_BUDGET_USED = Gauge(
     "phalanx_job_restart_budget_used", "Counted restarts, compared with failurePolicy.maxRestarts.", JOB
 )
+RESTART_BUDGET_LIMIT = Gauge(
+    "phalanx_job_restart_budget_limit", "Counted restarts allowed (failurePolicy.maxRestarts) before failing.", JOB
+)
 RESTARTS = Counter("phalanx_job_restarts_total", "Worker replacements and gang restarts by reason.", [*JOB, "reason"])
 RESCALES = Counter("phalanx_job_rescales_total", "Changes of the desired worker count.", [*JOB, "direction"])
 GOODPUT = Gauge("phalanx_job_goodput_ratio", "Time spent training over wall time since creation (0..1).", JOB)
@@ -53,6 +56,7 @@ STARTUP = Histogram(
     ["namespace"],
     buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
 )
+LEADER = Gauge("phalanx_leader", "1 while this replica holds the leader Lease and reconciles; 0 while it stands by.")
 WATCH_RELISTS = Counter(
     "phalanx_watch_relists_total",
     "Lists of a watched resource after the first (410 Gone, a resource that reappeared).",
@@ -61,7 +65,16 @@ WATCH_RELISTS = Counter(
 WATCH_SYNCED = Gauge(
     "phalanx_watch_synced", "1 while every watch of the resource has a complete list in hand.", ["resource"]
 )
-_PER_JOB = (WORKERS_DESIRED, WORKERS_READY, WORLD_SIZE, GPUS_REQUESTED, GPUS_BOUND, RESTART_BUDGET_USED, GOODPUT)
+_PER_JOB = (
+    WORKERS_DESIRED,
+    WORKERS_READY,
+    WORLD_SIZE,
+    GPUS_REQUESTED,
+    GPUS_BOUND,
+    RESTART_BUDGET_USED,
+    RESTART_BUDGET_LIMIT,
+    GOODPUT,
+)
 
 
 @dataclass
@@ -98,6 +111,7 @@ class JobSample:
     bound_workers: int
     rescaled: str | None
     now: datetime
+    max_restarts: int | None = None  # failurePolicy.maxRestarts; the limit gauge is exported when given
 
 
 def goodput(status: Mapping[str, Any], created: str | None, now: datetime) -> float:
@@ -131,6 +145,8 @@ def observe_job(key: tuple[str, str], sample: JobSample) -> None:
     GPUS_REQUESTED.labels(namespace, name).set(workers.get("desired", 0) * sample.gpus_per_worker)
     GPUS_BOUND.labels(namespace, name).set(sample.bound_workers * sample.gpus_per_worker)
     RESTART_BUDGET_USED.labels(namespace, name).set(status.get("restarts", 0))
+    if sample.max_restarts is not None:
+        RESTART_BUDGET_LIMIT.labels(namespace, name).set(sample.max_restarts)
     GOODPUT.labels(namespace, name).set(goodput(status, sample.created, sample.now))
     if sample.rescaled:
         RESCALES.labels(namespace, name, sample.rescaled).inc()

@@ -12,6 +12,7 @@ The binaries are built by ``tests/cluster/build-binaries.sh`` from the wrapper G
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
@@ -48,6 +49,9 @@ MODULES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         ("scheduler-plugins-scheduler", "scheduler-plugins-controller"),
     ),
     "kueue": ("kueue", "sigs.k8s.io/kueue", ("kueue",)),
+    "prometheus": ("prometheus", "github.com/prometheus/prometheus", ("promtool",)),
+    # our own program (main.go beside its go.mod): kstatus and Argo CD's Lua judging TrainingJobs
+    "gitops-checks": ("gitops-checks", "phalanx.invalid/tests/cluster/go/gitops-checks", ("gitops-checks",)),
     # Kubeflow's operator, only for tests/benchmarks/bench_scale.py (built when first asked for)
     "training-operator": ("training-operator", "github.com/kubeflow/training-operator", ("training-operator",)),
 }
@@ -65,6 +69,9 @@ CONTROL_PLANE_BINARIES = (
     "kubectl",
     "kwok",
 )
+
+
+OWN_MODULE_PREFIX = "phalanx.invalid/"
 
 
 class BinaryBuildError(RuntimeError):
@@ -86,6 +93,11 @@ def bin_root() -> pathlib.Path:
 def module_version(module: str) -> str:
     """The version a wrapper go.mod requires, read without Go or the network."""
     wrapper, path, _ = MODULES[module]
+    if path.startswith(OWN_MODULE_PREFIX):
+        # our own program: a digest of its sources (build-binaries.sh computes the same)
+        sources = [GO_DIR / wrapper / name for name in ("go.mod", "go.sum")]
+        sources += sorted((GO_DIR / wrapper).glob("*.go"))
+        return "src-" + hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
     text = (GO_DIR / wrapper / "go.mod").read_text()
     m = re.search(rf"^\s*(?:require\s+)?{re.escape(path)}\s+(v\S+)", text, re.MULTILINE)
     if not m:

@@ -16,6 +16,9 @@
 #                        scheduler-plugins-controller (PodGroup status)
 #   kueue      -> kueue (the manager, webhooks included)
 #   training-operator -> training-operator (Kubeflow's, for the scale benchmark; only when named)
+#   prometheus -> promtool (checks the chart's alert rules)
+#   gitops-checks -> gitops-checks (our program: kstatus and Argo CD's Lua, judging TrainingJobs);
+#                    its version is a digest of its sources, so an edit rebuilds it
 #
 # Output: ${PHALANX_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx}/bin/<module>-<version>/<binary>
 # Versions come from the wrapper go.mod files; change a version there (then `go mod tidy`).
@@ -31,13 +34,13 @@ export CGO_ENABLED=0
 # The build must use the committed go.sum; never edit go.mod implicitly.
 export GOFLAGS="${GOFLAGS:-} -mod=readonly -buildvcs=false"
 
-ALL_MODULES=(kubernetes etcd kwok coredns helm scheduler-plugins kueue)  # what the tests need
+ALL_MODULES=(kubernetes etcd kwok coredns helm scheduler-plugins kueue prometheus gitops-checks)  # what the tests need
 
 # module -> wrapper dir, Go module path, binaries
 wrapper_dir() {
   case "$1" in
     kubernetes) echo "$GO_DIR/k8s" ;;
-    etcd | kwok | coredns | helm | scheduler-plugins | kueue | training-operator) echo "$GO_DIR/$1" ;;
+    etcd | kwok | coredns | helm | scheduler-plugins | kueue | training-operator | prometheus | gitops-checks) echo "$GO_DIR/$1" ;;
     *) echo "unknown module: $1" >&2; return 1 ;;
   esac
 }
@@ -51,17 +54,24 @@ module_path() {
     scheduler-plugins) echo "sigs.k8s.io/scheduler-plugins" ;;
     kueue) echo "sigs.k8s.io/kueue" ;;
     training-operator) echo "github.com/kubeflow/training-operator" ;;
+    prometheus) echo "github.com/prometheus/prometheus" ;;
+    gitops-checks) echo "phalanx.invalid/tests/cluster/go/gitops-checks" ;;
   esac
 }
 binaries() {
   case "$1" in
     kubernetes) echo "kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl" ;;
     scheduler-plugins) echo "scheduler-plugins-scheduler scheduler-plugins-controller" ;;
+    prometheus) echo "promtool" ;;
     *) echo "$1" ;;
   esac
 }
 # version of a requirement, read from go.mod without touching the network
 required_version() { # <go.mod> <module path>
+  if [[ "$2" == phalanx.invalid/* ]]; then # our own program: a digest of its sources
+    (cd "$(dirname "$1")" && cat go.mod go.sum ./*.go | sha256sum | cut -c1-12 | sed 's/^/src-/')
+    return
+  fi
   awk -v m="$2" '($1 == m && $2 ~ /^v/) {print $2; exit} ($1 == "require" && $2 == m) {print $3; exit}' "$1"
 }
 
@@ -150,6 +160,15 @@ build_module() { # <module> <version> <out dir>
     kueue)
       go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$ver" \
         -o "$out/kueue" sigs.k8s.io/kueue/cmd/kueue
+      ;;
+    prometheus)
+      go build -trimpath -ldflags "-s -w \
+        -X github.com/prometheus/common/version.Version=${ver#v0.} \
+        -X github.com/prometheus/common/version.Branch=release" \
+        -o "$out/promtool" github.com/prometheus/prometheus/cmd/promtool
+      ;;
+    gitops-checks)
+      go build -trimpath -ldflags "-s -w" -o "$out/gitops-checks" .
       ;;
     training-operator)
       go build -trimpath -ldflags "-s -w" -o "$out/training-operator" \

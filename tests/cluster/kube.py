@@ -53,14 +53,23 @@ def find_kubectl() -> pathlib.Path:
 
 
 class Kubectl:
-    def __init__(self, kubeconfig: str | os.PathLike[str], kubectl: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        kubeconfig: str | os.PathLike[str],
+        kubectl: str | os.PathLike[str] | None = None,
+        *,
+        impersonate: str | None = None,
+    ):
         self.kubeconfig = pathlib.Path(kubeconfig)
         self.binary = pathlib.Path(kubectl) if kubectl else find_kubectl()
+        self.impersonate = impersonate  # act as this user (the kubeconfig's user must be allowed to)
 
     def run(
         self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
     ) -> subprocess.CompletedProcess[str]:
-        argv = [str(self.binary), f"--kubeconfig={self.kubeconfig}", *args]
+        argv = [str(self.binary), f"--kubeconfig={self.kubeconfig}"]
+        argv += [f"--as={self.impersonate}"] if self.impersonate else []
+        argv += args
         proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
         if check and proc.returncode != 0:
             raise KubectlError(args, proc.returncode, proc.stderr)

@@ -5,7 +5,9 @@ a closed terminal): the default action ends the process at once, and processes s
 their own sessions (control plane, kubelet, operator, a build daemon) would outlive it. The
 handler installed here turns the first such signal into a KeyboardInterrupt, so the stack
 unwinds as on Ctrl-C and pytest tears its fixtures down; a second signal stops whatever is
-registered with :func:`stopped_on_exit` (newest first) and ends the process at once.
+registered with :func:`stopped_on_exit` (newest first) and ends the process at once. A signal
+that arrives while a stop runs waits until it is done: an interrupted stop would leave the rest of
+what it stops running, with nothing left to stop it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ _stops: list[Callable[[], None]] = []
 _installed = threading.Event()
 _unwinding = threading.Event()
 _lock = threading.Lock()
+_stopping: list[Callable[[], None]] = []  # stops running now (signal handlers run in the main thread)
+_deferred: list[int] = []  # a signal that came during a stop
 
 
 def _stop_all() -> None:
@@ -36,6 +40,9 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         _stop_all()
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+    if _stopping:
+        _deferred.append(signum)
+        return
     _unwinding.set()
     # Unwind like Ctrl-C: every ``finally`` and context manager on the way runs (a half-started
     # node, a build daemon), and pytest tears down its fixtures before it exits.
@@ -60,9 +67,16 @@ def stopped_on_exit(stop: Callable[[], None]) -> Iterator[None]:
 
     def once() -> None:
         nonlocal done
-        if not done:
-            done = True
+        if done:
+            return
+        done = True
+        _stopping.append(stop)
+        try:
             stop()
+        finally:
+            _stopping.remove(stop)
+        if _deferred and not _stopping:
+            _on_signal(_deferred.pop(), None)
 
     _install()
     _stops.append(once)

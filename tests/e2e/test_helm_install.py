@@ -1,7 +1,8 @@
 """The Helm chart on the real node: install with the locally built operator image (the
-Dockerfile's ``operator`` target, see tests/cluster/node/dockerfile_images.py), run the CPU example,
-scrape /metrics of the operator (through its metrics Service) and of a worker pod, upgrade the
-release, uninstall it, and check that the CRD and the TrainingJob survive (resource-policy keep).
+Dockerfile's ``operator`` target, see tests/cluster/node/dockerfile_images.py), run ``helm test``,
+run the CPU example, scrape /metrics of the operator (through its metrics Service) and of a worker
+pod, upgrade the release, uninstall it, and check that the CRD and the TrainingJob survive
+(resource-policy keep).
 
 The release namespace enforces Pod Security "restricted", so the operator pod passing admission
 is part of the test. The module starts its own cluster (``real_cluster`` is module-scoped) and does
@@ -14,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import pathlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -43,6 +45,8 @@ IMAGE_VALUES = [
     "image.pullPolicy=Never",
 ]
 WORKER_METRICS_PORT = 9400
+OPERATOR_METRICS_PORT = 8000
+LEASE = RELEASE  # the chart names the Lease after the release's full name
 
 Metrics = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -136,8 +140,17 @@ def value(metrics: Metrics, sample: str, /, **labels: str) -> float | None:
     return sum(found) if found else None
 
 
+def leader(kube: Kubectl) -> str | None:
+    """The operator pod holding the Lease (its identity is its pod name)."""
+    lease = kube.get("lease", LEASE, RELEASE_NS)
+    return (lease or {}).get("spec", {}).get("holderIdentity") or None
+
+
 def scrape_operator(kube: Kubectl) -> Metrics:
-    path = f"/api/v1/namespaces/{RELEASE_NS}/services/{METRICS_SERVICE}:metrics/proxy/metrics"
+    """The leader's metrics (a standby's per-job series are empty: it reconciles nothing)."""
+    name = leader(kube)
+    assert name, "no operator holds the lease"
+    path = f"/api/v1/namespaces/{RELEASE_NS}/pods/{name}:{OPERATOR_METRICS_PORT}/proxy/metrics"
     return parse(kube.run("get", "--raw", path, timeout=15).stdout)
 
 
@@ -153,18 +166,21 @@ def try_scrape(scrape: Callable[[], Metrics]) -> Metrics | None:
         return None
 
 
-def operator_pod(kube: Kubectl) -> dict[str, Any]:
-    pods = kube.list("pods", RELEASE_NS, f"app.kubernetes.io/name=phalanx,app.kubernetes.io/instance={RELEASE}")
-    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-    return pods[0]
+def operator_pods(kube: Kubectl) -> list[dict[str, Any]]:
+    return kube.list("pods", RELEASE_NS, f"app.kubernetes.io/name=phalanx,app.kubernetes.io/instance={RELEASE}")
 
 
-def ready_operator_pod(kube: Kubectl, not_uid: str | None = None) -> dict[str, Any] | None:
-    """The operator pod once it is Ready (and is not the pod ``not_uid``)."""
-    pod = operator_pod(kube)
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-    return pod if ready and pod["metadata"]["uid"] != not_uid else None
+def ready_operator_pods(kube: Kubectl, count: int = 2, not_uids: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """The operator pods once exactly ``count`` exist and all are Ready (none of them ``not_uids``);
+    [] until then."""
+    pods = [p for p in operator_pods(kube) if not p["metadata"].get("deletionTimestamp")]
+
+    def ready(pod: dict[str, Any]) -> bool:
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    fresh = [p for p in pods if ready(p) and p["metadata"]["uid"] not in not_uids]
+    return fresh if len(fresh) == count == len(pods) else []
 
 
 def env_of(container: dict[str, Any]) -> dict[str, str]:
@@ -212,9 +228,11 @@ def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[.
     t0 = time.monotonic()
     sets = [arg for value in IMAGE_VALUES for arg in ("--set", value)]
     helm("install", RELEASE, str(CHART), f"--namespace={RELEASE_NS}", *sets, "--wait", "--timeout=180s")
-    pod = kube.wait_for(lambda: ready_operator_pod(kube), timeout=120, interval=0.5, what="operator Ready")
-    metric("helm install to operator Ready", time.monotonic() - t0)
-    assert pod["spec"]["nodeName"] == "real-node"
+    pods = kube.wait_for(lambda: ready_operator_pods(kube), timeout=120, interval=0.5, what="both operators Ready")
+    metric("helm install to both operator replicas Ready", time.monotonic() - t0)
+    kube.wait_for(lambda: leader(kube), timeout=60, interval=0.5, what="a leader")
+    assert {pod["spec"]["nodeName"] for pod in pods} == {"real-node"}
+    pod = next(p for p in pods if p["metadata"]["name"] == leader(kube))
     container = pod["spec"]["containers"][0]
     assert container["image"] == dockerfile_images.REFS["operator"] and container["imagePullPolicy"] == "Never"
     assert env_of(container)["PHALANX_RECONCILE_WORKERS"] == "8"
@@ -223,6 +241,16 @@ def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[.
     baseline = kube.wait_for(lambda: scrape_operator(kube), timeout=60, interval=0.5, what="operator /metrics")
     metric("helm install to operator /metrics answering", time.monotonic() - t0)
     reconciles_before = value(baseline, "controller_runtime_reconcile_total") or 0.0
+
+    # --- helm test: the chart's check pod (the operator image, admitted as "restricted") reaches the
+    # health and metrics endpoints through the Service; a passed one's pod is deleted
+    t_test = time.monotonic()
+    tested = helm("test", RELEASE, f"--namespace={RELEASE_NS}", "--timeout=120s")
+    metric("helm test", time.monotonic() - t_test)
+    assert re.search(r"Phase:\s+Succeeded", tested), tested
+    kube.wait_for(
+        lambda: kube.get("pod", f"{RELEASE}-test", RELEASE_NS) is None, timeout=60, what="the helm test pod deleted"
+    )
 
     # --- the CPU example succeeds; both /metrics endpoints move while it runs
     t_job = time.monotonic()
@@ -270,8 +298,21 @@ def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[.
     startup = value(after, "phalanx_job_startup_duration_seconds_count", namespace=ns)
     assert startup == 1, startup
 
-    # --- upgrade: a changed value rolls the Deployment; the new operator reconciles the jobs
-    old_uid = pod["metadata"]["uid"]
+    # --- the leader's pod is killed (no grace): the standby takes the Lease and reconciles
+    killed = leader(kube)
+    assert killed is not None
+    standby = next(p["metadata"]["name"] for p in pods if p["metadata"]["name"] != killed)
+    t_kill = time.monotonic()
+    kube.run("delete", "pod", killed, f"--namespace={RELEASE_NS}", "--grace-period=0", "--force", check=False)
+    kube.wait_for(lambda: leader(kube) == standby, timeout=60, interval=0.2, what="the standby leads")
+    metric("leader pod killed to the standby holding the Lease", time.monotonic() - t_kill)
+    kube.wait_for(operator_shows_success, timeout=60, interval=0.5, what="the new leader reconciled cpu-gloo")
+    metric("leader pod killed to the new leader's metrics showing cpu-gloo", time.monotonic() - t_kill)
+    pods = kube.wait_for(lambda: ready_operator_pods(kube), timeout=120, interval=0.5, what="a replacement standby")
+    assert leader(kube) == standby  # the replacement stands by
+
+    # --- upgrade: a changed value rolls the Deployment; the new operators reconcile the jobs
+    old_uids = frozenset(p["metadata"]["uid"] for p in pods)
     t_up = time.monotonic()
     helm(
         "upgrade", RELEASE, str(CHART), f"--namespace={RELEASE_NS}", "--reuse-values",
@@ -284,14 +325,15 @@ def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[.
     assert deployment is not None
     assert env_of(deployment["spec"]["template"]["spec"]["containers"][0])["PHALANX_RECONCILE_WORKERS"] == "3"
     assert deployment["metadata"]["annotations"]["deployment.kubernetes.io/revision"] == "2"
-    new_pod = kube.wait_for(
-        lambda: ready_operator_pod(kube, not_uid=old_uid),
+    new_pods = kube.wait_for(
+        lambda: ready_operator_pods(kube, not_uids=old_uids),
         timeout=120,
         interval=0.5,
-        what="the upgraded operator pod Ready",
+        what="both upgraded operator pods Ready",
     )
-    metric("helm upgrade to new operator Ready", time.monotonic() - t_up)
-    assert env_of(new_pod["spec"]["containers"][0])["PHALANX_RECONCILE_WORKERS"] == "3"
+    metric("helm upgrade to both new operators Ready", time.monotonic() - t_up)
+    assert all(env_of(p["spec"]["containers"][0])["PHALANX_RECONCILE_WORKERS"] == "3" for p in new_pods)
+    kube.wait_for(lambda: leader(kube) in {p["metadata"]["name"] for p in new_pods}, timeout=60, what="a new pod leads")
     assert "2" in helm("history", RELEASE, f"--namespace={RELEASE_NS}", "--output=yaml")
     # a fresh process: its metrics only know cpu-gloo because it reconciled it after starting
     kube.wait_for(operator_shows_success, timeout=60, interval=0.5, what="the new operator reconciled cpu-gloo")
@@ -309,7 +351,7 @@ def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[.
     # --- uninstall: the operator goes, the CRD and the TrainingJobs stay
     helm("uninstall", RELEASE, f"--namespace={RELEASE_NS}", "--wait", "--timeout=120s")
     kube.wait_for(
-        lambda: not kube.list("pods", RELEASE_NS), timeout=120, interval=0.5, what="the operator pod to go away"
+        lambda: not kube.list("pods", RELEASE_NS), timeout=120, interval=0.5, what="the operator pods to go away"
     )
     assert kube.get("deployment", DEPLOYMENT, RELEASE_NS) is None
     assert kube.get("service", METRICS_SERVICE, RELEASE_NS) is None

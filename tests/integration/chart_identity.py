@@ -36,7 +36,15 @@ def render(release: str, namespace: str, *values: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
 
-def _token_kubeconfig(admin: pathlib.Path, token: str, path: pathlib.Path) -> pathlib.Path:
+def lint(*values: str) -> subprocess.CompletedProcess[str]:
+    """``helm lint --strict`` of the chart with ``--set`` values."""
+    command = [str(helm()), "lint", "--strict", str(CHART)]
+    for value in values:
+        command += ["--set", value]
+    return subprocess.run(command, capture_output=True, text=True, check=False)
+
+
+def token_kubeconfig(admin: pathlib.Path, token: str, path: pathlib.Path) -> pathlib.Path:
     config = yaml.safe_load(admin.read_text())
     context = next(c for c in config["contexts"] if c["name"] == config["current-context"])["context"]
     cluster = next(c for c in config["clusters"] if c["name"] == context["cluster"])
@@ -90,13 +98,15 @@ def chart_identity(
 ) -> Iterator[pathlib.Path]:
     """Apply the chart's identity for a namespaced install serving ``namespace``; yield its kubeconfig."""
     objects = [
-        obj for obj in render(release, namespace, f"watchNamespaces={{{namespace}}}") if obj["kind"] in IDENTITY_KINDS
+        obj
+        for obj in render(release, namespace, f"watchNamespaces={{{namespace}}}", "rbac.aggregateToDefaultRoles=false")
+        if obj["kind"] in IDENTITY_KINDS
     ]
     kubectl.apply(objects, namespace=namespace)
     try:
         account = next(obj for obj in objects if obj["kind"] == "ServiceAccount")["metadata"]["name"]
         token = kubectl.run("create", "token", account, f"--namespace={namespace}", "--duration=2h").stdout.strip()
-        identity = _token_kubeconfig(admin, token, directory / "operator.kubeconfig")
+        identity = token_kubeconfig(admin, token, directory / "operator.kubeconfig")
         _wait_for_rbac(Kubectl(identity, kubectl.binary), namespace)
         yield identity
     finally:

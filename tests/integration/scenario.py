@@ -9,6 +9,7 @@ from typing import Any
 
 from phalanx.reconcile import naming
 from tests.cluster.kube import Kubectl
+from tests.cluster.localcluster import LocalCluster
 from tests.unit.jobs import manifest
 
 JOB = "demo"
@@ -31,11 +32,20 @@ GPU_JOB: dict[str, Any] = {
 }
 
 
-def create(kubectl: Kubectl, namespace: str, **overrides: Any) -> dict[str, Any]:
+def gpu_pool(kwok_cluster: LocalCluster, kubectl: Kubectl, pool: str, count: int = 2) -> list[str]:
+    """``count`` Ready 8-GPU KWOK nodes labelled with ``pool`` (reused when a kept cluster has them)."""
+    names = [n["metadata"]["name"] for n in kubectl.list("nodes", selector=f"{POOL_LABEL}={pool}")]
+    if len(names) < count:
+        names += kwok_cluster.add_gpu_nodes(count - len(names), labels={POOL_LABEL: pool}, name_prefix=f"{pool}-gpu-")
+    kwok_cluster.wait_nodes_ready(names)
+    return names
+
+
+def create(kubectl: Kubectl, namespace: str, *, name: str = JOB, **overrides: Any) -> dict[str, Any]:
     spec = copy.deepcopy(GPU_JOB)
     spec.update(copy.deepcopy(overrides))
     body = manifest(**spec)
-    body["metadata"] = {"name": JOB}
+    body["metadata"] = {"name": name}
     kubectl.create(body, namespace=namespace)
     return body
 
@@ -48,9 +58,9 @@ def conditions(state: dict[str, Any]) -> dict[str, tuple[str, str]]:
     return {c["type"]: (c["status"], c["reason"]) for c in state.get("conditions", [])}
 
 
-def workers(kubectl: Kubectl, namespace: str) -> dict[str, dict[str, Any]]:
+def workers(kubectl: Kubectl, namespace: str, job: str = JOB) -> dict[str, dict[str, Any]]:
     """Worker pods by name (Terminating ones included)."""
-    pods = kubectl.list("pods", namespace, naming.worker_selector(JOB))
+    pods = kubectl.list("pods", namespace, naming.worker_selector(job))
     return {pod["metadata"]["name"]: pod for pod in pods}
 
 
@@ -138,13 +148,16 @@ def wait_status(
         raise AssertionError(f"{error}; last status {summary}; events {event_summary(kubectl, namespace)}") from None
 
 
-def wait_running(kubectl: Kubectl, namespace: str, ready: int, timeout: float = 30) -> dict[str, Any]:
+def wait_running(
+    kubectl: Kubectl, namespace: str, ready: int, timeout: float = 30, *, name: str = JOB
+) -> dict[str, Any]:
     return wait_status(
         kubectl,
         namespace,
         lambda s: s.get("phase") == "Running" and s.get("workerSummary") == f"{ready}/{ready}",
         f"phase Running with {ready}/{ready} workers",
         timeout,
+        name=name,
     )
 
 

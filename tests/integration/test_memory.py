@@ -13,6 +13,7 @@ import collections
 import functools
 import gc
 import json
+import pathlib
 import statistics
 import time
 import tracemalloc
@@ -26,7 +27,8 @@ import pytest
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
 from phalanx.cluster.cache import ChildCache, JobCache
-from phalanx.cluster.client import ApiClient, Credentials
+from phalanx.cluster.client import ApiClient
+from phalanx.cluster.login import Credentials
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import trainingjob
@@ -77,9 +79,9 @@ def memory_nodes(kwok_cluster: Any) -> list[str]:
 def credentials(api_config: dict[str, Any]) -> Credentials:
     return Credentials(
         server=api_config["server"],
-        ca_path=api_config["ca_cert"],
-        certificate_path=api_config["client_cert"],
-        private_key_path=api_config["client_key"],
+        ca_data=pathlib.Path(api_config["ca_cert"]).read_bytes(),
+        certificate_data=pathlib.Path(api_config["client_cert"]).read_bytes(),
+        private_key_data=pathlib.Path(api_config["client_key"]).read_bytes(),
     )
 
 
@@ -96,7 +98,7 @@ async def operator_in_process(credentials: Credentials, namespace: str, crds: li
     runtime = Runtime.start(client, WorkQueue(handle), namespaces=(namespace,), watch_nodes=True)
     runtime.queue.start()
     runtime.progress = ProgressPoller(runtime.jobs, runtime.children, runtime.queue.enqueue, interval=1.0, timeout=0.2)
-    tasks = [supervised(name, work) for name, work in runtime.background()]
+    tasks = [supervised(name, work) for name, work in runtime.background() + runtime.leader_work()]
     try:
         await until(runtime.synced, "every informer synced", 30)
         yield runtime

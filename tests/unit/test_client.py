@@ -18,8 +18,9 @@ import pytest
 from aiohttp import web
 
 from phalanx.cluster import client as client_module
-from phalanx.cluster.client import ApiClient, ApiError, Credentials
+from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
+from phalanx.cluster.login import Credentials, Login
 from phalanx.reconcile.plan import Event
 
 
@@ -33,6 +34,7 @@ class Server:
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
         self.behaviour: dict[str, str] = {}
         self.arrived = asyncio.Event()
+        self.token = "new"  # what "token" paths accept
 
     async def handle(self, request: web.Request) -> web.Response:
         path = request.path
@@ -46,6 +48,8 @@ class Server:
             await asyncio.sleep(0.2)
         if what == "503":
             return web.json_response({"reason": "ServiceUnavailable", "message": "busy"}, status=503)
+        if what == "token" and request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response({"reason": "Unauthorized", "message": "Unauthorized"}, status=401)
         if what == "429-once" and self.seen[path] == 1:
             return web.json_response({"reason": "TooManyRequests", "message": "slow down"}, status=429)
         return web.json_response({"ok": True})
@@ -215,3 +219,44 @@ async def test_a_full_event_backlog_drops_the_oldest(server: tuple[Server, str])
             recorder.record(job, Event("Normal", reason, "..."), datetime.now(UTC))
         await recorder.flush(5)
     assert recorder.dropped == 1 and recorder.posted == 2 and backend.seen["/api/v1/namespaces/ml/events"] == 2
+
+
+class RotatingLogin(Login):
+    """A login whose every load hands out the token the server accepts at that moment."""
+
+    def __init__(self, backend: Server, url: str) -> None:
+        super().__init__()
+        self.backend, self.url, self.loads = backend, url, 0
+
+    def load(self) -> Credentials:
+        self.loads += 1
+        return Credentials(server=self.url, token=self.backend.token, source="test")
+
+    def refresh(self) -> Credentials:
+        raise AssertionError("not due within a test")
+
+
+async def test_a_401_logs_in_again_once_and_the_request_goes_through(server: tuple[Server, str]) -> None:
+    backend, url = server
+    backend.behaviour["/api/v1/pods"] = "token"
+    login = RotatingLogin(backend, url)
+    async with ApiClient(Credentials(server=url, token="old"), login=login) as client:
+        # many requests meet the expired token at once; one new login serves them all
+        answers = await asyncio.gather(*(client.request("GET", "/api/v1/pods") for _ in range(5)))
+        assert answers == [{"ok": True}] * 5
+        assert (login.loads, client.logins, client.credentials.token) == (1, 1, "new")
+        backend.token = "newer"  # rotated again
+        assert await client.request("GET", "/api/v1/pods") == {"ok": True}
+        assert login.loads == 2
+
+
+async def test_a_401_that_new_credentials_do_not_cure_is_raised(server: tuple[Server, str]) -> None:
+    backend, url = server
+    backend.behaviour["/api/v1/pods"] = "token"
+    backend.token = "only-the-server-knows"
+    login = RotatingLogin(backend, url)
+    login.load = lambda: Credentials(server=url, token="wrong")  # type: ignore[method-assign]
+    async with ApiClient(Credentials(server=url, token="old"), login=login) as client:
+        with pytest.raises(ApiError) as raised:
+            await client.request("GET", "/api/v1/pods")
+    assert raised.value.status == 401 and backend.seen["/api/v1/pods"] == 2  # tried once more, not forever

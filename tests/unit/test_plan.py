@@ -5,7 +5,7 @@ from __future__ import annotations
 from phalanx.reconcile import naming
 from phalanx.reconcile.observed import QueuedWorkload
 from phalanx.reconcile.plan import backoff_seconds
-from tests.unit.jobs import job
+from tests.unit.jobs import job, manifest
 from tests.unit.simulation import World
 
 
@@ -484,3 +484,14 @@ def test_a_gang_beyond_its_queues_whole_quota_is_stalled() -> None:
     assert (world.status["phase"], world.status["reason"]) == ("Pending", "ExceedsQueueCapacity")
     assert "maximum capacity (16)" in world.status["message"]
     assert conditions(world)["Stalled"] == "True"
+
+
+def test_a_ttl_on_a_job_synced_from_git_is_warned_about_once() -> None:
+    body = manifest(ttlSecondsAfterFinished=60)
+    body["metadata"]["annotations"] = {"argocd.argoproj.io/tracking-id": "ml:phalanx.dev/TrainingJob:research/demo"}
+    world = World(job(body))
+    first = world.reconcile()
+    warnings = [e for e in first.events if e.reason == "TTLUnderGitOps"]
+    assert len(warnings) == 1 and "Argo CD will create it again" in warnings[0].message, first.events
+    assert all(e.reason != "TTLUnderGitOps" for e in world.settle().events)
+    assert all(e.reason != "TTLUnderGitOps" for e in World(job(ttlSecondsAfterFinished=60)).reconcile().events)

@@ -1,23 +1,53 @@
 {{/* Names and labels shared by the templates. */}}
+{{- define "phalanx.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "phalanx.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
+{{/* A Service name is a DNS label (63 characters): the suffix must survive a long full name. */}}
+{{- define "phalanx.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "phalanx.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* commonLabels merged in last: the chart's own keys win a clash. */}}
 {{- define "phalanx.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- $chart := dict
+  "app.kubernetes.io/version" .Chart.AppVersion
+  "app.kubernetes.io/managed-by" .Release.Service
+  "helm.sh/chart" (printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-")
+-}}
+{{- toYaml (merge $chart (include "phalanx.selectorLabels" . | fromYaml) (.Values.commonLabels | default dict)) -}}
 {{- end -}}
 
+{{/* Never commonLabels: a Deployment's selector is immutable, so changing them would break upgrades. */}}
 {{- define "phalanx.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "phalanx.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* The name the metrics certificate is checked against: by default the Service's DNS name. */}}
+{{- define "phalanx.metricsServerName" -}}
+{{- .Values.metrics.tls.serverName | default (printf "%s.%s.svc" (include "phalanx.metricsServiceName" .) .Release.Namespace) -}}
+{{- end -}}
+
+{{- define "phalanx.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "phalanx.serviceAccountName" -}}

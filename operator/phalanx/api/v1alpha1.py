@@ -601,6 +601,17 @@ class ObjectMeta(BaseModel):
     generation: int = 0
     creation_timestamp: str | None = None
     deletion_timestamp: str | None = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+    def gitops_tool(self) -> str | None:
+        """Argo CD or Flux when the object carries that tool's tracking metadata."""
+        labels, annotations = self.labels or {}, self.annotations or {}
+        if "argocd.argoproj.io/tracking-id" in annotations or "argocd.argoproj.io/instance" in labels:
+            return "Argo CD"
+        if any(key in labels for key in ("kustomize.toolkit.fluxcd.io/name", "helm.toolkit.fluxcd.io/name")):
+            return "Flux"
+        return None
 
 
 class TrainingJob(BaseModel):

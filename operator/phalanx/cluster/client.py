@@ -5,7 +5,8 @@ typed models costs milliseconds per object, which a reconcile loop pays on every
 Writes use server-side apply with one field manager, so applying an object we already
 own is idempotent and never conflicts. ``RequestSlots`` caps requests in flight: kopf and
 aiohttp have no client-side rate limit, and an unbounded fan-out of pod creations on a
-small API server would raise latency for every other client.
+small API server would raise latency for every other client. Credentials come from
+``login.Login`` (the official package's loaders): refreshed as they rotate, loaded again on a 401.
 """
 
 from __future__ import annotations
@@ -18,20 +19,20 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 
+from phalanx.cluster.login import REFRESH_SECONDS, Credentials, Login, LoginError
 from phalanx.reconcile import naming
 
 logger = logging.getLogger(__name__)
 
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0)
-TOKEN_REREAD_SECONDS = 60.0
+RETIRED_SESSION_SECONDS = 30.0  # in-flight requests of replaced connections finish meanwhile
 
 # kind -> (API prefix, plural); PodGroups are resolved by apiVersion below.
 CORE_RESOURCES: Mapping[str, str] = {"Pod": "pods", "Service": "services", "Event": "events"}
@@ -50,22 +51,6 @@ class ApiError(Exception):
         self.message = message
 
 
-@dataclass(frozen=True)
-class Credentials:
-    """How to reach and authenticate to the API server."""
-
-    server: str
-    ca_path: str | None = None
-    ca_data: bytes | None = None
-    certificate_path: str | None = None
-    certificate_data: bytes | None = None
-    private_key_path: str | None = None
-    private_key_data: bytes | None = None
-    token: str | None = None
-    token_path: str | None = None
-    insecure: bool = False
-
-
 def resource_path(
     api_version: str, kind: str, namespace: str | None, name: str | None = None, *, plural: str | None = None
 ) -> str:
@@ -80,26 +65,22 @@ def resource_path(
 def _ssl_context(credentials: Credentials) -> ssl.SSLContext | bool:
     if credentials.insecure:
         return False
-    context = ssl.create_default_context(cafile=credentials.ca_path)
+    context = ssl.create_default_context()
     if credentials.ca_data:
         context.load_verify_locations(cadata=credentials.ca_data.decode())
-    certificate, key = credentials.certificate_path, credentials.private_key_path
-    if not (credentials.certificate_data or credentials.private_key_data):
-        if certificate:
-            context.load_cert_chain(certificate, key)
+    if not credentials.certificate_data:
         return context
     # ssl loads a client certificate only from files: they exist just while it reads them, so a
     # killed operator leaves nothing behind.
     with tempfile.TemporaryDirectory(prefix="phalanx-client-") as scratch:
-        if credentials.certificate_data:
-            certificate = str(Path(scratch) / "client.crt")
-            Path(certificate).write_bytes(credentials.certificate_data)
+        certificate = Path(scratch) / "client.crt"
+        certificate.write_bytes(credentials.certificate_data)
+        key = None
         if credentials.private_key_data:
-            key = str(Path(scratch) / "client.key")
-            Path(key).touch(0o600)
-            Path(key).write_bytes(credentials.private_key_data)
-        if certificate:
-            context.load_cert_chain(certificate, key)
+            key = Path(scratch) / "client.key"
+            key.touch(0o600)
+            key.write_bytes(credentials.private_key_data)
+        context.load_cert_chain(certificate, key)
     return context
 
 
@@ -143,16 +124,25 @@ class ApiClient:
     """JSON requests with a cap on concurrency and retries on throttling and server errors."""
 
     def __init__(
-        self, credentials: Credentials, *, max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, timeout: float = 30.0
+        self,
+        credentials: Credentials,
+        *,
+        login: Login | None = None,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        timeout: float = 30.0,
     ) -> None:
         self.credentials = credentials
+        self.login = login  # where new credentials come from (None: these never change)
         self.max_in_flight = max_in_flight
         self.slots = RequestSlots(max_in_flight)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
         self._watch_session: aiohttp.ClientSession | None = None
-        self._token_cache: tuple[float, str] | None = None
+        self._refreshed = time.monotonic()
+        self._renewing = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
         self.requests = 0
+        self.logins = 0  # credentials loaded again after a 401
 
     async def __aenter__(self) -> ApiClient:
         return self
@@ -170,6 +160,8 @@ class ApiClient:
             headers=headers,
             connector=aiohttp.TCPConnector(ssl=context, limit=limit),
             timeout=timeout,
+            proxy=self.credentials.proxy,
+            trust_env=self.credentials.proxy is None,  # HTTPS_PROXY / NO_PROXY, as kubectl
         )
 
     def _open(self) -> aiohttp.ClientSession:
@@ -184,15 +176,62 @@ class ApiClient:
             self._watch_session = self._new_session(0, aiohttp.ClientTimeout(total=None))
         return self._watch_session
 
-    def _token(self) -> str | None:
-        """The bearer token; projected service-account tokens rotate, so re-read the file each minute."""
-        path = self.credentials.token_path
-        if path is None:
-            return self.credentials.token
-        now = time.monotonic()
-        if self._token_cache is None or now - self._token_cache[0] > TOKEN_REREAD_SECONDS:
-            self._token_cache = (now, Path(path).read_text().strip())
-        return self._token_cache[1]
+    def _headers(self, credentials: Credentials) -> dict[str, str]:
+        return {"Authorization": f"Bearer {credentials.token}"} if credentials.token else {}
+
+    def _options(self) -> dict[str, Any]:
+        name = self.credentials.tls_server_name
+        return {"server_hostname": name} if name else {}
+
+    def _use(self, credentials: Credentials) -> None:
+        """Take new credentials; connections made with other TLS material or to another server are
+        replaced (their in-flight requests finish first)."""
+        before, self.credentials = self.credentials, credentials
+        if before.same_tls(credentials) and (before.server, before.proxy) == (credentials.server, credentials.proxy):
+            return
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                task = asyncio.create_task(self._retire(session))
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
+        self._session = self._watch_session = None
+
+    @staticmethod
+    async def _retire(session: aiohttp.ClientSession) -> None:
+        await asyncio.sleep(RETIRED_SESSION_SECONDS)
+        await session.close()
+
+    async def _fresh(self) -> Credentials:
+        """The credentials to send, asking the login every REFRESH_SECONDS whether they rotated
+        (in a thread: an exec plugin may take seconds). Never waits for a refresh in progress."""
+        if self.login is None or time.monotonic() - self._refreshed < REFRESH_SECONDS or self._renewing.locked():
+            return self.credentials
+        async with self._renewing:
+            self._refreshed = time.monotonic()
+            try:
+                self._use(await asyncio.to_thread(self.login.refresh))
+            except LoginError as error:
+                logger.warning("credentials could not be refreshed: %s", error)
+        return self.credentials
+
+    async def _relogin(self, rejected: Credentials) -> bool:
+        """After a 401: load the credentials again (an exec plugin runs again) unless another
+        request already did since ``rejected`` were sent. True when there are new ones to try."""
+        if self.login is None:
+            return False
+        async with self._renewing:
+            if self.credentials is not rejected:
+                return True
+            try:
+                fresh = await asyncio.to_thread(self.login.load)
+            except LoginError as error:
+                logger.error("logging in again after a 401 failed: %s", error)
+                return False
+            self._refreshed = time.monotonic()
+            self.logins += 1
+            logger.info("logged in again after a 401 (%s)", fresh.source)
+            self._use(fresh)
+            return True
 
     async def close(self) -> None:
         """Close the connection pool."""
@@ -200,6 +239,9 @@ class ApiClient:
             if session is not None:
                 await session.close()
         self._session = self._watch_session = None
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
 
     async def request(
         self,
@@ -219,20 +261,23 @@ class ApiClient:
         caller marks ``idempotent`` (a create with a fixed name answers 409 the second time).
         A 429 was refused before it was processed, so it is always retried. No concurrency
         slot is held while waiting to retry. A ``background`` request gets a slot only when no
-        other request waits for one (``RequestSlots``).
+        other request waits for one (``RequestSlots``). A 401 was refused before it was
+        processed too: the login is asked for new credentials once and the request sent again.
         """
-        session = self._open()
         data = None if body is None else json.dumps(body, separators=(",", ":"))
-        headers = {"Content-Type": content_type} if data is not None else {}
-        token = self._token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        content = {"Content-Type": content_type} if data is not None else {}
         repeatable = method != "POST" if idempotent is None else idempotent
+        relogged = False
         for attempt, delay in enumerate((*RETRY_DELAYS, None)):
+            credentials = await self._fresh()
+            session = self._open()
+            headers = {**content, **self._headers(credentials)}
             await self.slots.acquire(background=background)
             self.requests += 1
             try:
-                async with session.request(method, path, params=params, data=data, headers=headers) as response:
+                async with session.request(
+                    method, path, params=params, data=data, headers=headers, **self._options()
+                ) as response:
                     text = await response.text()
                     status = response.status
                     retry_after = response.headers.get("Retry-After")
@@ -256,6 +301,9 @@ class ApiClient:
                 continue
             if status < 300:
                 return json.loads(text) if text else {}
+            if status == 401 and not relogged and await self._relogin(credentials):
+                relogged = True
+                continue
             if delay is not None and (status == 429 or (status in RETRYABLE_STATUSES and repeatable)):
                 await asyncio.sleep(float(retry_after) if retry_after and retry_after.isdigit() else delay)
                 continue
@@ -274,16 +322,17 @@ class ApiClient:
         A watch lasts minutes, so it holds no concurrency slot; ``silence_seconds`` bounds the
         time between two lines (the server sends bookmarks), not the whole stream.
         """
+        credentials = await self._fresh()
         session = self._open_watches()
-        headers = {}
-        token = self._token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         self.requests += 1
         stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=silence_seconds)
-        async with session.get(path, params=params, headers=headers, timeout=stream_timeout) as response:
+        async with session.get(
+            path, params=params, headers=self._headers(credentials), timeout=stream_timeout, **self._options()
+        ) as response:
             if response.status >= 300:
                 text = await response.text()
+                if response.status == 401:
+                    await self._relogin(credentials)  # the caller's next watch uses what it got
                 try:
                     payload = json.loads(text)
                 except json.JSONDecodeError:

@@ -10,17 +10,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import socket
+import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import kopf
-from prometheus_client import start_http_server
 
+from phalanx import metrics, metrics_endpoint
 from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT, ApiClient
+from phalanx.cluster.lease import LeaderElector, LeaseTiming
+from phalanx.cluster.login import Credentials, Login, LoginError
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import trainingjob
-from phalanx.handlers.runtime import Runtime, credentials_from, watched_namespaces
+from phalanx.handlers.runtime import Runtime, watched_namespaces
 from phalanx.reconcile import naming
 
 logger = logging.getLogger(__name__)
@@ -33,12 +39,27 @@ def _setting(name: str, default: int) -> int:
     return int(os.environ.get(name, str(default)))
 
 
-def login(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
-    """The same credentials kopf finds: a service account in a pod, else the kubeconfig."""
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
-    if info is None:
-        raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
-    return info
+@kopf.on.login(id="phalanx-login")
+def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
+    """One source of credentials for kopf and for our client (see ``cluster.login``); kopf calls
+    this again when its own requests get a 401."""
+    source: Login = memo.setdefault("login", Login(context=os.environ.get("PHALANX_KUBE_CONTEXT") or None))
+    try:
+        credentials = source.load()
+    except LoginError as error:
+        raise kopf.PermanentError(str(error)) from error
+    memo.credentials = credentials
+    logger.info("logged in to %s with the %s", credentials.server, credentials.source)
+    return kopf.ConnectionInfo(
+        server=credentials.server,
+        ca_data=credentials.ca_data.decode() if credentials.ca_data else None,
+        insecure=credentials.insecure,
+        token=credentials.token,
+        certificate_data=credentials.certificate_data.decode() if credentials.certificate_data else None,
+        private_key_data=credentials.private_key_data.decode() if credentials.private_key_data else None,
+        proxy_url=credentials.proxy,
+        trust_env=credentials.proxy is None,
+    )
 
 
 def supervised(name: str, work: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
@@ -71,9 +92,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.networking.request_timeout = 60
     settings.networking.connect_timeout = 10
 
-    info = login(settings=settings)
+    # kopf authenticates in a task of its own, which may not have run yet
+    source: Login = memo.setdefault("login", Login(context=os.environ.get("PHALANX_KUBE_CONTEXT") or None))
+    try:
+        credentials: Credentials | None = memo.get("credentials")
+        if credentials is None:
+            credentials = await asyncio.to_thread(source.load)
+    except LoginError as error:
+        raise kopf.PermanentError(str(error)) from error
     client = ApiClient(
-        credentials_from(info),
+        credentials,
+        login=source,
         max_in_flight=_setting("PHALANX_MAX_IN_FLIGHT", DEFAULT_MAX_IN_FLIGHT),
         timeout=float(_setting("PHALANX_REQUEST_TIMEOUT_SECONDS", 30)),
     )
@@ -92,17 +121,61 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     runtime.pacer.interval = float(_setting("PHALANX_STATUS_PROGRESS_SECONDS", 5))
     runtime.pacer.busy = lambda: runtime is not None and runtime.queue.backlog() > 0
-    runtime.queue.start()
     interval = _setting("PHALANX_PROGRESS_INTERVAL_SECONDS", 15)
     if interval > 0:
         runtime.progress = ProgressPoller(runtime.jobs, runtime.children, runtime.queue.enqueue, interval=interval)
     tasks = [supervised(name, work) for name, work in runtime.background()]
+    elector = leader_elector(client)
+    if elector is None:
+        runtime.queue.start()
+        tasks += [supervised(name, work) for name, work in runtime.leader_work()]
+        metrics.LEADER.set(1)
+    else:
+        tasks.append(asyncio.create_task(lead(runtime, elector, tasks), name="leader election"))
     memo.tasks = tasks
     memo.runtime = runtime
+    memo.elector = elector
     metrics_port = _setting("PHALANX_METRICS_PORT", 8000)
     if metrics_port:
-        start_http_server(metrics_port)
-        logger.info("metrics on :%d/metrics", metrics_port)
+        # The chart sets both to a mounted TLS Secret's files when metrics.tls is enabled.
+        certfile = os.environ.get("PHALANX_METRICS_TLS_CERT")
+        metrics_endpoint.serve(metrics_port, certfile, os.environ.get("PHALANX_METRICS_TLS_KEY"))
+        logger.info("metrics on :%d/metrics over %s", metrics_port, "HTTPS" if certfile else "HTTP")
+
+
+def leader_elector(client: ApiClient) -> LeaderElector | None:
+    """The Lease to lead by when PHALANX_LEADER_ELECTION is 1 (the chart's two replicas)."""
+    if os.environ.get("PHALANX_LEADER_ELECTION", "0") != "1":
+        return None
+    namespace = os.environ.get("PHALANX_LEASE_NAMESPACE") or _own_namespace()
+    identity = os.environ.get("PHALANX_LEADER_IDENTITY") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    timing = LeaseTiming(
+        lease_duration=float(_setting("PHALANX_LEASE_DURATION_SECONDS", 10)),
+        renew_deadline=float(_setting("PHALANX_LEASE_RENEW_DEADLINE_SECONDS", 7)),
+        retry=float(_setting("PHALANX_LEASE_RETRY_SECONDS", 2)),
+    )
+    return LeaderElector(client, namespace, os.environ.get("PHALANX_LEASE_NAME", "phalanx-operator"), identity, timing)
+
+
+def _own_namespace() -> str:
+    path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return path.read_text().strip() if path.is_file() else "default"
+
+
+async def lead(runtime: Runtime, elector: LeaderElector, tasks: list[asyncio.Task[None]]) -> None:
+    """Stand by with synced caches until the Lease is ours, then reconcile; when it is lost, stop
+    the process (as controller-runtime does) so it comes back as a clean standby."""
+    await elector.acquire()
+    metrics.LEADER.set(1)
+    runtime.queue.start()  # every job was enqueued as the caches synced: all get a pass now
+    tasks += [supervised(name, work) for name, work in runtime.leader_work()]
+    await elector.hold()
+    metrics.LEADER.set(0)
+    logger.error(
+        "lost the lease %s/%s: stopping so that this replica restarts as a standby", elector.namespace, elector.name
+    )
+    await runtime.queue.stop()
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 @kopf.on.cleanup(id="phalanx-cleanup")
@@ -116,7 +189,13 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if runtime is not None:
         await runtime.queue.stop()
         await runtime.events.flush(EVENT_FLUSH_SECONDS)
+        elector: LeaderElector | None = getattr(memo, "elector", None)
+        if elector is not None:
+            await elector.release()  # after the last write: a standby may take over at once
         await runtime.client.close()
+    source: Login | None = getattr(memo, "login", None)
+    if source is not None:
+        source.close()
 
 
 @kopf.on.probe(id="reconcile-queue")
@@ -125,4 +204,11 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     runtime: Runtime | None = getattr(memo, "runtime", None)
     if runtime is None:
         return {"ready": False}
-    return {"requests": runtime.client.requests, "pods": runtime.children.pod_count(), "synced": runtime.synced()}
+    elector: LeaderElector | None = getattr(memo, "elector", None)
+    leading = elector is None or elector.leading.is_set()
+    return {
+        "requests": runtime.client.requests,
+        "pods": runtime.children.pod_count(),
+        "synced": runtime.synced(),
+        "leading": leading,
+    }

@@ -8,18 +8,15 @@ gets a pass.
 
 from __future__ import annotations
 
-import base64
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-
-import kopf
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
 from phalanx.cluster.apply import Execution, RefusalMemory, StatusPacer
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, NodeCache, WorkloadCache
-from phalanx.cluster.client import ApiClient, Credentials
+from phalanx.cluster.client import ApiClient
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource
 from phalanx.cluster.progress import ProgressPoller
@@ -27,7 +24,6 @@ from phalanx.cluster.workqueue import WorkQueue
 from phalanx.reconcile import naming
 from phalanx.reconcile.observed import Observed
 
-SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 WATCH_NAMESPACES = "PHALANX_WATCH_NAMESPACES"
 
 TRAINING_JOBS = Resource(api.API_VERSION, api.PLURAL, api.KIND)
@@ -37,33 +33,6 @@ COSCHEDULING_POD_GROUPS = Resource("scheduling.x-k8s.io/v1alpha1", "podgroups", 
 VOLCANO_POD_GROUPS = Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup")
 NODES = Resource("v1", "nodes", "Node", namespaced=False)
 KUEUE_WORKLOADS = Resource("kueue.x-k8s.io/v1beta2", "workloads", "Workload")
-
-
-def _decoded(data: str | bytes | None) -> bytes | None:
-    if data is None:
-        return None
-    return base64.b64decode(data) if isinstance(data, str) else data
-
-
-def credentials_from(info: kopf.ConnectionInfo) -> Credentials:
-    """Turn kopf's login result into our client's credentials (one source of truth for login)."""
-    in_cluster = (
-        info.token is not None
-        and info.ca_path is not None
-        and str(info.ca_path).startswith("/var/run/secrets/kubernetes.io/")
-    )
-    return Credentials(
-        server=info.server,
-        ca_path=str(info.ca_path) if info.ca_path else None,
-        ca_data=_decoded(info.ca_data),
-        certificate_path=str(info.certificate_path) if info.certificate_path else None,
-        certificate_data=_decoded(info.certificate_data),
-        private_key_path=str(info.private_key_path) if info.private_key_path else None,
-        private_key_data=_decoded(info.private_key_data),
-        token=info.token,
-        token_path=SERVICE_ACCOUNT_TOKEN if in_cluster else None,
-        insecure=bool(info.insecure),
-    )
 
 
 def watched_namespaces() -> tuple[str, ...] | None:
@@ -145,15 +114,18 @@ class Runtime:
         return runtime
 
     def background(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
-        """The long-running work besides the queue: the watches, the progress poller, the event
-        senders (name and coroutine function, for the caller to supervise)."""
+        """The long-running work every replica does besides the queue: the watches (a standby
+        keeps its caches synced) and the event senders (name and coroutine function, for the
+        caller to supervise)."""
         work: list[tuple[str, Callable[[], Awaitable[None]]]] = [
             (f"watch of {informer}", informer.run) for informer in self.informers
         ]
-        if self.progress is not None:
-            work.append(("progress poller", self.progress.run))
         work.append(("event recorder", self.events.run))
         return work
+
+    def leader_work(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        """What only the replica that reconciles does besides the queue: scraping workers."""
+        return [("progress poller", self.progress.run)] if self.progress is not None else []
 
     # -- what wakes a job ------------------------------------------------------------------------
 

@@ -82,6 +82,7 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
                 previous_status=body.get("status") or {},
                 created=job.metadata.creation_timestamp,
                 gpus_per_worker=job.spec.gpus.count,
+                max_restarts=job.spec.failure_policy.max_restarts,
                 bound_workers=bound,
                 rescaled=plan.rescaled,
                 now=now,

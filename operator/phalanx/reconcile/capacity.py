@@ -39,6 +39,14 @@ def workers_that_fit(per_worker: Mapping[str, Decimal], nodes: Iterable[Mapping[
     return total
 
 
+def _readable(value: Decimal) -> str:
+    """Bytes as Gi/Mi when they are whole ones (memory), anything else as the API writes it."""
+    for suffix, unit in (("Gi", Decimal(2) ** 30), ("Mi", Decimal(2) ** 20)):
+        if value >= unit and value % unit == 0:
+            return f"{int(value // unit)}{suffix}"
+    return format_quantity(value)
+
+
 def shortfall(per_worker: Mapping[str, Decimal], nodes: tuple[Mapping[str, str], ...], wanted: int) -> str | None:
     """Why ``wanted`` workers can never all be placed, or None when they might be."""
     if not nodes:
@@ -46,7 +54,7 @@ def shortfall(per_worker: Mapping[str, Decimal], nodes: tuple[Mapping[str, str],
     fits = workers_that_fit(per_worker, nodes)
     if fits < 0 or fits >= wanted:
         return None
-    size = ", ".join(f"{name} {format_quantity(value)}" for name, value in sorted(per_worker.items()) if value > 0)
+    size = ", ".join(f"{name} {_readable(value)}" for name, value in sorted(per_worker.items()) if value > 0)
     if fits == 0:
         return f"no schedulable node can hold a worker ({size}); add such a node or ask for less"
     return (

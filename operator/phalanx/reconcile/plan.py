@@ -655,6 +655,16 @@ class _Pass:
             troubled = view.phase in ("Failed", "Restarting") or self.stalled is not None
             kind: Literal["Normal", "Warning"] = "Warning" if troubled else "Normal"
             self.events.append(Event(kind, view.reason, f"{previous.phase or 'New'} -> {view.phase}: {view.message}"))
+        tool = job.metadata.gitops_tool()
+        if previous.phase is None and tool is not None and self.spec.ttl_seconds_after_finished is not None:
+            self.events.append(
+                Event(
+                    "Warning",
+                    "TTLUnderGitOps",
+                    f"ttlSecondsAfterFinished deletes this job when it ends, and {tool} will create it again "
+                    "from Git, so it trains again: leave the TTL unset and remove finished jobs from Git",
+                )
+            )
         status: dict[str, Any] = {
             "observedGeneration": job.metadata.generation,
             "phase": view.phase,

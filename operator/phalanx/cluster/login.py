@@ -1,0 +1,168 @@
+"""Where the operator's credentials come from, and how it gets new ones.
+
+The official ``kubernetes`` package reads the configuration, so the operator logs in wherever
+kubectl can: a pod's service account (whose projected token rotates), a kubeconfig (``$KUBECONFIG``
+with several files, a named context), client certificates, exec credential plugins (as EKS, GKE
+and AKS kubeconfigs use), ``proxy-url``, ``tls-server-name``. The package is asked only for
+credentials: at start, every ``REFRESH_SECONDS`` (it re-reads a rotated token file, and runs an
+exec plugin again once its credential expires) and after a 401. Requests stay raw JSON over
+aiohttp (``client.ApiClient``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubernetes.client import Configuration
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME, InClusterConfigLoader
+from kubernetes.config.kube_config import load_kube_config
+
+logger = logging.getLogger(__name__)
+
+REFRESH_SECONDS = 30.0  # how often the package is asked whether credentials changed
+TOKEN_KEY = "BearerToken"  # where the package's loaders put the token
+
+
+class LoginError(RuntimeError):
+    """No usable credentials."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """How to reach and authenticate to the API server. TLS material is held as data: files the
+    package writes for it are read and removed at once, so a killed operator leaves none behind."""
+
+    server: str
+    ca_data: bytes | None = None
+    certificate_data: bytes | None = None
+    private_key_data: bytes | None = None
+    token: str | None = None
+    insecure: bool = False
+    tls_server_name: str | None = None
+    proxy: str | None = None
+    source: str = ""
+    """Where they came from, for logs: "service account" or "kubeconfig context NAME"."""
+
+    def same_tls(self, other: Credentials) -> bool:
+        """Whether a connection made with ``other`` authenticates as these would."""
+        return (self.ca_data, self.certificate_data, self.private_key_data, self.insecure, self.tls_server_name) == (
+            other.ca_data,
+            other.certificate_data,
+            other.private_key_data,
+            other.insecure,
+            other.tls_server_name,
+        )
+
+
+def _read_and_remove(paths: list[str | None], scratch: Path) -> list[bytes | None]:
+    """The files' bytes; files the package wrote into ``scratch`` are removed afterwards (it
+    writes one file for equal contents)."""
+    contents = [Path(path).read_bytes() if path else None for path in paths]
+    for path in paths:
+        if path and Path(path).parent == scratch:
+            Path(path).unlink(missing_ok=True)
+    return contents
+
+
+@dataclass
+class Login:
+    """The operator's source of credentials.
+
+    ``kubeconfig`` (paths joined by ``os.pathsep``, as ``$KUBECONFIG``) and ``context`` choose a
+    kubeconfig; without them the pod's service account is used when there is one, else
+    ``$KUBECONFIG`` or ``~/.kube/config``. Thread-safe: the client calls it from worker threads
+    (an exec plugin may take seconds) while requests go on.
+    """
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    in_cluster: bool | None = None
+    """True/False forces the service account or the kubeconfig; None chooses as kubectl would."""
+    _configuration: Configuration | None = field(default=None, init=False, repr=False)
+    _scratch: Path | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _source: str = field(default="", init=False, repr=False)
+
+    def _use_service_account(self) -> bool:
+        if self.in_cluster is not None:
+            return self.in_cluster
+        if self.kubeconfig or self.context:
+            return False
+        return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(SERVICE_TOKEN_FILENAME)
+
+    def _scratch_dir(self) -> Path:
+        if self._scratch is None or not self._scratch.is_dir():
+            self._scratch = Path(tempfile.mkdtemp(prefix="phalanx-login-"))
+        return self._scratch
+
+    def load(self) -> Credentials:
+        """Read the configuration afresh (an exec plugin runs again): at start and after a 401."""
+        with self._lock:
+            configuration = Configuration()
+            try:
+                if self._use_service_account():
+                    loader = InClusterConfigLoader(SERVICE_TOKEN_FILENAME, SERVICE_CERT_FILENAME)  # type: ignore[no-untyped-call]
+                    loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+                    self._source = "service account"
+                else:
+                    files = self.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+                    load_kube_config(  # type: ignore[no-untyped-call]
+                        config_file=files,
+                        context=self.context,
+                        client_configuration=configuration,
+                        persist_config=False,
+                        temp_file_path=str(self._scratch_dir()),
+                    )
+                    self._source = f"kubeconfig {files}" + (f" context {self.context}" if self.context else "")
+            except (ConfigException, OSError) as error:
+                raise LoginError(f"cannot load Kubernetes credentials: {error}") from error
+            self._configuration = configuration
+            return self._credentials(configuration)
+
+    def refresh(self) -> Credentials:
+        """The current credentials: the package re-reads what rotates and re-runs an exec plugin
+        whose credential expired; nothing else is repeated."""
+        with self._lock:
+            configuration = self._configuration
+            if configuration is None:
+                raise LoginError("refresh() before load()")
+            return self._credentials(configuration)
+
+    def _credentials(self, configuration: Configuration) -> Credentials:
+        scratch = self._scratch_dir()
+        token = configuration.get_api_key_with_prefix(TOKEN_KEY)  # runs the package's refresh hook
+        if token:
+            scheme, _, value = token.partition(" ")
+            token = value if scheme.lower() == "bearer" and value else token
+        ca, certificate, key = _read_and_remove(
+            [configuration.ssl_ca_cert, configuration.cert_file, configuration.key_file], scratch
+        )
+        if not token and not certificate:
+            raise LoginError(f"{self._source or 'the configuration'} gave neither a token nor a client certificate")
+        return Credentials(
+            server=str(configuration.host),
+            ca_data=ca,
+            certificate_data=certificate,
+            private_key_data=key,
+            token=token or None,
+            insecure=not configuration.verify_ssl,
+            tls_server_name=getattr(configuration, "tls_server_name", None) or None,
+            proxy=configuration.proxy or None,
+            source=self._source,
+        )
+
+    def close(self) -> None:
+        """Remove the scratch directory."""
+        if self._scratch is not None:
+            with contextlib.suppress(OSError):
+                for child in self._scratch.iterdir():
+                    child.unlink()
+                self._scratch.rmdir()
+            self._scratch = None

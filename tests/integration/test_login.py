@@ -1,0 +1,148 @@
+"""The operator logs in wherever kubectl can: here through an exec credential plugin (as EKS, GKE
+and AKS kubeconfigs use), on the real control plane, and keeps working when the credential is
+rotated and the old one revoked.
+
+The plugin is a small script printing an ExecCredential with a token of the chart's
+ServiceAccount. Each token is bound to a Secret, so deleting that Secret revokes it at once: the
+operator's next request gets a 401, it runs the plugin again and carries on.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from phalanx.reconcile import naming
+from tests.cluster.kube import Kubectl
+from tests.cluster.localcluster import LocalCluster
+from tests.integration.chart_identity import chart_identity, render, token_kubeconfig
+from tests.integration.operator_process import OperatorProcess
+from tests.integration.scenario import JOB, gpu_pool, replaced_and_running, start, wait_workers
+
+pytestmark = pytest.mark.integration
+
+PLUGIN = textwrap.dedent(
+    """
+    import json, pathlib, sys
+    state = pathlib.Path(sys.argv[1])
+    with (state / "runs").open("a") as runs:
+        runs.write("run\\n")
+    token = (state / "token").read_text().strip()
+    print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                      "status": {"token": token}}))
+    """
+)
+
+
+class ExecIdentity:
+    """A kubeconfig whose user is the plugin; tokens of one ServiceAccount, each bound to a Secret."""
+
+    def __init__(self, kubectl: Kubectl, namespace: str, account: str, directory: pathlib.Path) -> None:
+        self.kubectl, self.namespace, self.account = kubectl, namespace, account
+        self.first = ""  # the token the operator starts with
+        self.state = directory / "plugin"
+        self.state.mkdir()
+        script = directory / "credential.py"
+        script.write_text(PLUGIN)
+        admin = yaml.safe_load(kubectl.kubeconfig.read_text())
+        context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+        cluster = next(c for c in admin["clusters"] if c["name"] == context["cluster"])
+        exec_user = {
+            "exec": {
+                "apiVersion": "client.authentication.k8s.io/v1",
+                "command": sys.executable,
+                "args": [str(script), str(self.state)],
+                "interactiveMode": "Never",
+                "provideClusterInfo": False,
+            }
+        }
+        self.kubeconfig = directory / "exec.kubeconfig"
+        self.kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [cluster],
+                    "users": [{"name": "exec-user", "user": exec_user}],
+                    "contexts": [{"name": "exec", "context": {"cluster": cluster["name"], "user": "exec-user"}}],
+                    "current-context": "exec",
+                }
+            )
+        )
+
+    def issue(self, secret: str) -> str:
+        """A new token, bound to a new Secret, becomes what the plugin prints."""
+        self.kubectl.run("create", "secret", "generic", secret, f"--namespace={self.namespace}")
+        token = self.kubectl.run(
+            "create", "token", self.account, f"--namespace={self.namespace}", "--duration=1h",
+            "--bound-object-kind=Secret", f"--bound-object-name={secret}",
+        ).stdout.strip()  # fmt: skip
+        (self.state / "token").write_text(token)
+        return token
+
+    def revoke(self, secret: str, token: str, scratch: pathlib.Path) -> None:
+        """Delete the token's Secret and wait until the API server refuses the token (it caches
+        a token it accepted for a few seconds)."""
+        self.kubectl.delete("secret", secret, self.namespace)
+        holder = Kubectl(token_kubeconfig(self.kubectl.kubeconfig, token, scratch / f"{secret}.kubeconfig"))
+
+        def refused() -> bool:
+            answer = holder.run("get", "--raw", "/api", check=False)
+            return answer.returncode != 0 and "Unauthorized" in answer.stderr
+
+        self.kubectl.wait_for(refused, timeout=60, interval=1, what=f"the API server refuses the token of {secret}")
+
+    def runs(self) -> int:
+        path = self.state / "runs"
+        return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+@pytest.fixture(scope="module")
+def gpu_nodes(kwok_cluster: LocalCluster, kubectl: Kubectl) -> list[str]:
+    return gpu_pool(kwok_cluster, kubectl, "login")
+
+
+@pytest.fixture
+def exec_operator(
+    crds: list[str], kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path
+) -> Iterator[tuple[OperatorProcess, ExecIdentity]]:
+    release = f"phx-{uuid.uuid4().hex[:6]}"
+    with chart_identity(kubectl, kubeconfig, namespace, release, tmp_path):
+        account = next(o for o in render(release, namespace) if o["kind"] == "ServiceAccount")["metadata"]["name"]
+        identity = ExecIdentity(kubectl, namespace, account, tmp_path)
+        identity.first = identity.issue("token-1")
+        process = OperatorProcess(identity.kubeconfig, tmp_path / "operator.log", namespace=namespace)
+        with process:
+            yield process, identity
+        print(f"--- operator log (tail) ---\n{process.log_tail(80)}")
+
+
+def test_an_exec_plugin_user_keeps_working_when_its_credential_is_rotated_and_revoked(
+    kubectl: Kubectl,
+    namespace: str,
+    gpu_nodes: list[str],
+    exec_operator: tuple[OperatorProcess, ExecIdentity],
+    tmp_path: pathlib.Path,
+) -> None:
+    operator, identity = exec_operator
+    before = start(kubectl, namespace, desired=2)
+    assert "logged in to" in operator.log_tail(200) and "kubeconfig" in operator.log_tail(200)
+    runs_before = identity.runs()
+    assert runs_before >= 1
+
+    identity.issue("token-2")
+    identity.revoke("token-1", identity.first, tmp_path)  # the token the operator holds stops working
+    victim = naming.worker_pod_name(JOB, 1)
+    kubectl.delete("pod", victim, namespace, wait=False)
+    wait_workers(
+        kubectl, namespace, lambda p: replaced_and_running(p, before, victim), "the worker replaced", timeout=60
+    )
+    assert identity.runs() > runs_before  # the plugin ran again
+    assert "logged in again after a 401" in operator.log_tail(400), operator.log_tail(80)
+    assert operator.process is not None and operator.process.poll() is None

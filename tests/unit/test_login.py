@@ -1,0 +1,116 @@
+"""Login through the kubernetes package's loaders: contexts, exec credential plugins (run again
+only when their credential expired or after a 401), proxies, certificates kept as data."""
+
+from __future__ import annotations
+
+import base64
+import pathlib
+import sys
+import textwrap
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import yaml
+
+from phalanx.cluster.login import Login, LoginError
+
+PLUGIN = textwrap.dedent(
+    """
+    import json, pathlib, sys
+    state = pathlib.Path(sys.argv[1])
+    runs = state / "runs"
+    runs.write_text(str(int(runs.read_text() or 0) + 1) if runs.exists() else "1")
+    status = {"token": (state / "token").read_text().strip()}
+    expiry = (state / "expiry").read_text().strip()
+    if expiry:
+        status["expirationTimestamp"] = expiry
+    print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential", "status": status}))
+    """
+)
+
+
+def kubeconfig(path: pathlib.Path, users: dict[str, dict[str, Any]], **cluster: Any) -> pathlib.Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443", **cluster}}],
+        "users": [{"name": name, "user": user} for name, user in users.items()],
+        "contexts": [{"name": name, "context": {"cluster": "c", "user": name}} for name in users],
+        "current-context": next(iter(users)),
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def plugin(tmp_path: pathlib.Path) -> tuple[pathlib.Path, dict[str, Any]]:
+    state = tmp_path / "plugin"
+    state.mkdir()
+    (state / "token").write_text("first")
+    (state / "expiry").write_text("")
+    script = tmp_path / "credential.py"
+    script.write_text(PLUGIN)
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": sys.executable,
+            "args": [str(script), str(state)],
+            "interactiveMode": "Never",
+        }
+    }
+    return state, user
+
+
+def runs(state: pathlib.Path) -> int:
+    return int((state / "runs").read_text())
+
+
+def test_an_exec_plugin_runs_again_only_after_a_401_or_when_its_credential_expired(
+    tmp_path: pathlib.Path, plugin: tuple[pathlib.Path, dict[str, Any]]
+) -> None:
+    state, user = plugin
+    login = Login(kubeconfig=str(kubeconfig(tmp_path / "config", {"exec-user": user})))
+    assert login.load().token == "first" and runs(state) == 1
+    (state / "token").write_text("second")
+    assert login.refresh().token == "first" and runs(state) == 1  # still valid: not asked again
+    assert login.load().token == "second" and runs(state) == 2  # what the client does after a 401
+    soon = datetime.now(UTC) + timedelta(minutes=1)  # within the package's 5-minute skew: expired
+    (state / "expiry").write_text(soon.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    login.load()
+    (state / "token").write_text("third")
+    assert login.refresh().token == "third"
+    login.close()
+
+
+def test_a_named_context_certificates_as_data_and_a_proxy(
+    tmp_path: pathlib.Path, plugin: tuple[pathlib.Path, dict[str, Any]]
+) -> None:
+    _, user = plugin
+    pem = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    data = base64.b64encode(pem).decode()
+    users = {"exec-user": user, "cert-user": {"client-certificate-data": data, "client-key-data": data}}
+    path = kubeconfig(
+        tmp_path / "config",
+        users,
+        **{"certificate-authority-data": data, "proxy-url": "http://proxy.example:3128", "tls-server-name": "api"},
+    )
+    login = Login(kubeconfig=str(path), context="cert-user")
+    credentials = login.load()
+    assert (credentials.token, credentials.certificate_data, credentials.private_key_data) == (None, pem, pem)
+    assert (credentials.ca_data, credentials.proxy, credentials.tls_server_name) == (
+        pem,
+        "http://proxy.example:3128",
+        "api",
+    )
+    assert credentials.source.endswith("context cert-user")
+    assert login._scratch is not None and list(login._scratch.iterdir()) == []  # no key left on disk
+    login.close()
+
+
+def test_no_usable_credentials_is_a_clear_error(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(LoginError, match="cannot load Kubernetes credentials"):
+        Login(kubeconfig=str(tmp_path / "missing")).load()
+    path = kubeconfig(tmp_path / "config", {"nobody": {}})
+    with pytest.raises(LoginError, match="neither a token nor a client certificate"):
+        Login(kubeconfig=str(path)).load()
