@@ -26,11 +26,9 @@ import argparse
 import contextlib
 import http.client
 import json
-import math
 import os
 import pathlib
 import queue
-import statistics
 import sys
 import tempfile
 import threading
@@ -41,7 +39,7 @@ from typing import Any
 import yaml
 
 from phalanx.reconcile import naming
-from tests.benchmarks.harness import commit, stop_on_signals
+from tests.benchmarks.harness import commit, stop_on_signals, summary
 from tests.cluster.crds import cluster_crds
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
@@ -107,17 +105,6 @@ class PodWatch:
         with contextlib.suppress(Exception):
             self._connection.close()
         self._thread.join(timeout=5)
-
-
-def summary(samples: list[float]) -> dict[str, Any]:
-    ordered = sorted(samples)
-    return {
-        "median_s": round(statistics.median(ordered), 4),
-        "p90_s": round(ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)], 4),  # nearest rank
-        "min_s": round(ordered[0], 4),
-        "max_s": round(ordered[-1], 4),
-        "samples_s": [round(s, 4) for s in samples],
-    }
 
 
 def is_running(pod: dict[str, Any]) -> bool:

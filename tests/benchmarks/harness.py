@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import pathlib
 import signal
+import statistics
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -35,3 +37,15 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def summary(samples: list[float]) -> dict[str, Any]:
+    """Median, p90 (nearest rank), min, max and the samples, in seconds."""
+    ordered = sorted(samples)
+    return {
+        "median_s": round(statistics.median(ordered), 4),
+        "p90_s": round(ordered[max(0, math.ceil(0.9 * len(ordered)) - 1)], 4),
+        "min_s": round(ordered[0], 4),
+        "max_s": round(ordered[-1], 4),
+        "samples_s": [round(s, 4) for s in samples],
+    }

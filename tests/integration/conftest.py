@@ -9,6 +9,7 @@
 - ``kubeconfig`` (session): path of the admin kubeconfig.
 - ``kube_env`` (function): sets $KUBECONFIG for the test (for kopf / the operator in-process).
 - ``api_config`` (session): server URL, CA, client cert/key paths for an aiohttp/ssl client.
+- ``api_credentials`` (session): the same, as the operator's client takes them.
 - ``namespace`` (function): a fresh namespace with its default ServiceAccount; deleted afterwards.
 - ``kwok_cluster`` (session): ``cluster``, skipping the test when KWOK is not available.
 - ``control_plane`` (session): ``kwok_cluster`` when this harness runs its control plane (API
@@ -31,6 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
+from phalanx.cluster.login import Credentials
 from tests.cluster.attached import AttachedCluster
 from tests.cluster.crds import cluster_crds
 from tests.cluster.kube import Kubectl, find_kubectl
@@ -126,6 +128,17 @@ def api_config(cluster: LocalCluster) -> dict[str, Any]:
         "kubeconfig": str(cluster.kubeconfig),
         "ssl_context": cluster.ssl_context(),
     }
+
+
+@pytest.fixture(scope="session")
+def api_credentials(api_config: dict[str, Any]) -> Credentials:
+    """The admin identity for the operator's own ApiClient (local cluster only)."""
+    return Credentials(
+        server=api_config["server"],
+        ca_data=pathlib.Path(api_config["ca_cert"]).read_bytes(),
+        certificate_data=pathlib.Path(api_config["client_cert"]).read_bytes(),
+        private_key_data=pathlib.Path(api_config["client_key"]).read_bytes(),
+    )
 
 
 def _namespace_name(node_name: str) -> str:

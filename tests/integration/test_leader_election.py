@@ -11,12 +11,25 @@ from collections.abc import Iterator
 
 import pytest
 
+from phalanx.api import v1alpha1 as api
+from phalanx.cluster.client import ApiClient, ApiError
+from phalanx.cluster.login import Credentials
 from phalanx.reconcile import naming
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.integration.chart_identity import chart_identity
 from tests.integration.operator_process import OperatorProcess
-from tests.integration.scenario import JOB, gpu_pool, metric, replaced_and_running, start, wait_workers, workers
+from tests.integration.scenario import (
+    JOB,
+    create,
+    gpu_pool,
+    metric,
+    replaced_and_running,
+    start,
+    status,
+    wait_workers,
+    workers,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -104,3 +117,22 @@ def test_a_standby_takes_over_within_seconds_of_the_leaders_sigkill_and_only_the
     print(f"takeover after a clean stop: {time.monotonic() - stopped:.1f} s")
     pods = workers(kubectl, namespace)
     assert {pod["metadata"]["uid"] for pod in pods.values()} == {pod["metadata"]["uid"] for pod in after.values()}
+
+
+async def test_a_status_write_planned_from_an_older_version_is_refused(
+    crds: list[str], kubectl: Kubectl, namespace: str, api_credentials: Credentials
+) -> None:
+    """Two writers (a leader that has not noticed it lost the Lease, say) cannot overwrite each
+    other's status: every status write carries the resourceVersion it was planned from."""
+    create(kubectl, namespace)
+    planned_from = kubectl.get("tj", JOB, namespace)["metadata"]["resourceVersion"]  # type: ignore[index]
+    async with ApiClient(api_credentials) as client:
+        first = {"phase": "Pending", "reason": "WorkersPending", "message": "the first writer"}
+        await client.patch_status(api.API_VERSION, api.PLURAL, namespace, JOB, first, resource_version=planned_from)
+        second = {"phase": "Failed", "reason": "RestartBudgetExhausted", "message": "a writer that saw an older job"}
+        with pytest.raises(ApiError) as refused:
+            await client.patch_status(
+                api.API_VERSION, api.PLURAL, namespace, JOB, second, resource_version=planned_from
+            )
+    assert refused.value.status == 409
+    assert status(kubectl, namespace)["message"] == "the first writer"

@@ -13,7 +13,6 @@ import collections
 import functools
 import gc
 import json
-import pathlib
 import statistics
 import time
 import tracemalloc
@@ -76,13 +75,8 @@ def memory_nodes(kwok_cluster: Any) -> list[str]:
 
 
 @pytest.fixture
-def credentials(api_config: dict[str, Any]) -> Credentials:
-    return Credentials(
-        server=api_config["server"],
-        ca_data=pathlib.Path(api_config["ca_cert"]).read_bytes(),
-        certificate_data=pathlib.Path(api_config["client_cert"]).read_bytes(),
-        private_key_data=pathlib.Path(api_config["client_key"]).read_bytes(),
-    )
+def credentials(api_credentials: Credentials) -> Credentials:
+    return api_credentials
 
 
 @pytest.fixture
