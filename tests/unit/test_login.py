@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes.config import incluster_config
 
+from phalanx.cluster import login as login_module
 from phalanx.cluster.login import Login, LoginError
 
 PLUGIN = textwrap.dedent(
@@ -114,3 +116,34 @@ def test_no_usable_credentials_is_a_clear_error(tmp_path: pathlib.Path) -> None:
     path = kubeconfig(tmp_path / "config", {"nobody": {}})
     with pytest.raises(LoginError, match="neither a token nor a client certificate"):
         Login(kubeconfig=str(path)).load()
+
+
+def test_a_service_accounts_rotated_token_is_read_again(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a pod: the projected token file is re-read (the package's one-minute period), and at once
+    after a 401."""
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("first")
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    monkeypatch.setattr(login_module, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(login_module, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    login = Login()
+    credentials = login.load()
+    assert (credentials.server, credentials.token, credentials.source) == (
+        "https://10.96.0.1:443",
+        "first",
+        "service account",
+    )
+    assert credentials.ca_data == ca.read_bytes()
+    token.write_text("second")  # the kubelet rotated it
+    assert login.refresh().token == "first"  # within the minute
+    real_now = datetime.now()
+    later = type("Later", (datetime,), {"now": classmethod(lambda cls, tz=None: real_now + timedelta(minutes=2))})
+    monkeypatch.setattr(incluster_config.datetime, "datetime", later)
+    assert login.refresh().token == "second"
+    token.write_text("third")
+    assert login.load().token == "third"  # after a 401
+    login.close()
