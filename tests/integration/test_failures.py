@@ -475,7 +475,11 @@ def test_suspend_stops_every_pod_and_resume_starts_a_new_attempt_without_countin
     kubectl.run("patch", "tj", JOB, f"--namespace={namespace}", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Suspended", "phase Suspended")
     got = conditions(state)
-    assert got["Suspended"] == ("True", "Suspended") and got["Ready"][0] == "False" and got["Stalled"][0] == "False"
+    assert (
+        got["Suspended"] == ("True", "Suspended")
+        and got["Ready"] == ("True", "Suspended")
+        and got["Stalled"][0] == "False"
+    )
     wait_no_pods(kubectl, namespace)
     state = status(kubectl, namespace)
     assert state["phase"] == "Suspended" and state["replicas"] == 0

@@ -125,8 +125,13 @@ def test_coscheduling_binds_a_gang_all_or_nothing_and_at_once_when_capacity_appe
     kubectl.wait_for(lambda: len(job_workers(kubectl, namespace, "big")) == 3, timeout=30, what="3 workers created")
     pods = job_workers(kubectl, namespace, "big")
     assert {pod["spec"]["schedulerName"] for pod in pods} == {COSCHEDULING_SCHEDULER_NAME}
+    # Unschedulable while other nodes of the session could hold it, InsufficientCapacity when not
     state = wait_status(
-        kubectl, namespace, lambda s: s.get("reason") == "Unschedulable", "the job says why its gang waits", name="big"
+        kubectl,
+        namespace,
+        lambda s: s.get("reason") in ("Unschedulable", "InsufficientCapacity"),
+        "the job says why its gang waits",
+        name="big",
     )
     print(f"waiting gang: {state['phase']} {state['reason']}: {state['message']}")
     assert state["phase"] == "Pending"
@@ -436,11 +441,14 @@ def test_a_kueue_gang_rescales_as_a_new_pod_group_admitted_at_its_new_size(
     events = [e.get("message", "") for e in kubectl.list("events", namespace) if e.get("reason") == "GangRestart"]
     assert any("cannot change its size" in message for message in events), events
 
-    # Three workers need 24 GPUs, more than the queue's 16: the new group waits whole, in Kueue's words.
+    # Three workers need 24 GPUs, more than the queue's 16: the new group waits whole, in Kueue's
+    # words, and since it can never be admitted so the job is Stalled (GitOps tools report it failed).
     patch_spec(kubectl, namespace, "elastic", {"workers": {"desired": 3}})
-    state = wait_status(kubectl, namespace, queued_in_kueues_words, "a group of 3 Queued over quota", 60,
-                        name="elastic")  # fmt: skip
+    state = wait_status(kubectl, namespace, lambda s: s.get("reason") == "ExceedsQueueCapacity",
+                        "a group of 3 beyond the queue's quota", 60, name="elastic")  # fmt: skip
     assert "> maximum capacity (16)" in state["message"], state
+    stalled = {c["type"]: c["status"] for c in state["conditions"]}
+    assert (stalled["Stalled"], stalled["Reconciling"]) == ("True", "False"), state["conditions"]
     assert bound(job_workers(kubectl, namespace, "elastic")) == 0
     patch_spec(kubectl, namespace, "elastic", {"workers": {"desired": 2}})
     state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "back to 2, Running", 60,

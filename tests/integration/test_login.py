@@ -1,6 +1,6 @@
 """The operator logs in wherever kubectl can: here through an exec credential plugin (as EKS, GKE
 and AKS kubeconfigs use), on the real control plane, and keeps working when the credential is
-rotated and the old one revoked.
+rotated and the old one revoked; and through the kubeconfig's ``proxy-url``.
 
 The plugin is a small script printing an ExecCredential with a token of the chart's
 ServiceAccount. Each token is bound to a Secret, so deleting that Secret revokes it at once: the
@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from phalanx.reconcile import naming
+from tests.cluster.connect_proxy import ConnectProxy
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.integration.chart_identity import chart_identity, render, token_kubeconfig
@@ -146,3 +147,30 @@ def test_an_exec_plugin_user_keeps_working_when_its_credential_is_rotated_and_re
     assert identity.runs() > runs_before  # the plugin ran again
     assert "logged in again after a 401" in operator.log_tail(400), operator.log_tail(80)
     assert operator.process is not None and operator.process.poll() is None
+
+
+def test_the_operator_reaches_the_api_server_through_the_kubeconfigs_proxy(
+    crds: list[str],
+    kubectl: Kubectl,
+    kubeconfig: pathlib.Path,
+    namespace: str,
+    gpu_nodes: list[str],
+    tmp_path: pathlib.Path,
+) -> None:
+    """``proxy-url`` in the kubeconfig (as behind a corporate proxy): every connection of the
+    operator, its watches included, is a CONNECT tunnel through it."""
+    proxy = ConnectProxy().start()
+    try:
+        with chart_identity(kubectl, kubeconfig, namespace, f"phx-{uuid.uuid4().hex[:6]}", tmp_path) as identity:
+            config = yaml.safe_load(identity.read_text())
+            config["clusters"][0]["cluster"]["proxy-url"] = proxy.url
+            via_proxy = tmp_path / "via-proxy.kubeconfig"
+            via_proxy.write_text(yaml.safe_dump(config))
+            with OperatorProcess(via_proxy, tmp_path / "operator.log", namespace=namespace) as operator:
+                start(kubectl, namespace, desired=2)
+                server = config["clusters"][0]["cluster"]["server"].removeprefix("https://")
+                assert proxy.tunnels[server] >= 2, proxy.tunnels  # requests and watches
+                assert set(proxy.tunnels) == {server}
+                assert operator.process is not None and operator.process.poll() is None
+    finally:
+        proxy.stop()

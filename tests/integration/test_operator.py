@@ -143,12 +143,15 @@ def test_more_gpus_than_the_cluster_has_leave_workers_pending_with_the_reason(
     spec = copy.deepcopy(GPU_JOB)
     spec["gpus"] = {"count": 16}
     create(kubectl, namespace, **spec)
+    # no node has 16 GPUs: not merely waiting for one, but stalled, in the scheduler's words and ours
     status = kubectl.wait_for(
-        lambda: (s := job_status(kubectl, namespace)).get("reason") == "Unschedulable" and s,
+        lambda: (s := job_status(kubectl, namespace)).get("reason") == "InsufficientCapacity" and s,
         timeout=60,
-        what="Unschedulable",
+        what="InsufficientCapacity",
     )
-    assert "nvidia.com/gpu" in status["message"]
+    assert status["phase"] == "Pending"
+    assert "Insufficient nvidia.com/gpu" in status["message"], status["message"]
+    assert "no schedulable node can hold a worker" in status["message"] and "nvidia.com/gpu 16" in status["message"]
 
 
 def test_deleting_the_job_garbage_collects_every_child(
