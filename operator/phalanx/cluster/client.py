@@ -186,6 +186,8 @@ class ApiClient:
     def _use(self, credentials: Credentials) -> None:
         """Take new credentials; connections made with other TLS material or to another server are
         replaced (their in-flight requests finish first)."""
+        if credentials == self.credentials:
+            return  # the same object stays: a 401 then knows nobody has renewed since
         before, self.credentials = self.credentials, credentials
         if before.same_tls(credentials) and (before.server, before.proxy) == (credentials.server, credentials.proxy):
             return

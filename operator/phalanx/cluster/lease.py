@@ -133,7 +133,7 @@ class LeaderElector:
                     self.leading.set()
                     logger.info("leading as %s (lease %s/%s)", self.identity, self.namespace, self.name)
                     return
-            except (ApiError, OSError, TimeoutError) as error:
+            except Exception as error:  # any failure is another round (aiohttp raises more than OSError)
                 logger.warning("lease %s/%s: %s", self.namespace, self.name, error)
             await asyncio.sleep(self.timing.retry)
 
@@ -145,7 +145,7 @@ class LeaderElector:
             await asyncio.sleep(self.timing.retry)
             try:
                 renewed = await asyncio.wait_for(self.try_acquire_or_renew(), self.timing.renew_deadline)
-            except (ApiError, OSError, TimeoutError) as error:
+            except Exception as error:  # a failed renewal, whatever failed: never hold on without one
                 logger.warning("renewing lease %s/%s: %s", self.namespace, self.name, error)
                 renewed = False
             if renewed:

@@ -169,7 +169,12 @@ async def lead(runtime: Runtime, elector: LeaderElector, tasks: list[asyncio.Tas
     metrics.LEADER.set(1)
     runtime.queue.start()  # every job was enqueued as the caches synced: all get a pass now
     tasks += [supervised(name, work) for name, work in runtime.leader_work()]
-    await elector.hold()
+    try:
+        await elector.hold()
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # never reconcile on without renewing
+        logger.exception("holding the lease %s/%s failed", elector.namespace, elector.name)
     metrics.LEADER.set(0)
     logger.error(
         "lost the lease %s/%s: stopping so that this replica restarts as a standby", elector.namespace, elector.name
