@@ -38,6 +38,8 @@ RUN python3 -m pip install --no-cache-dir "torch==${TORCH_VERSION}"
 COPY --from=wheel /wheels /wheels
 # The worker extra brings numpy (torch.distributed.checkpoint) and prometheus-client (worker metrics).
 RUN python3 -m pip install --no-cache-dir "$(ls /wheels/*.whl)[worker]" && rm -rf /wheels
+# `python` as well as `python3`, as every common PyTorch base image has (commands written `python ...`).
+RUN command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python
 # Training logs reach `kubectl logs` as they are written.
 ENV PYTHONUNBUFFERED=1 LANG=C.UTF-8
 WORKDIR /workspace

@@ -67,15 +67,29 @@ def test_a_restricted_namespace_runs_a_job_whose_template_complies(
 def test_a_worker_whose_command_does_not_exist_fails_the_job_at_once(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
-    body = cpu_example("no-python", 20)
+    body = cpu_example("no-deepspeed", 20)
     trainer = body["spec"]["template"]["spec"]["containers"][0]
-    trainer["command"] = ["python"]  # the trainer image has python3 only
-    trainer["args"] = ["-m", "phalanx.worker.demo"]
+    trainer["command"] = ["deepspeed"]  # a launcher the trainer image does not have
+    trainer["args"] = ["phalanx/worker/demo.py"]
     kubectl.create(body, namespace=namespace)
-    final = wait_phase(kubectl, namespace, "no-python", "Failed", timeout=120)
+    final = wait_phase(kubectl, namespace, "no-deepspeed", "Failed", timeout=120)
     assert final["reason"] == "InvalidPodConfiguration", final
     assert "StartError" in final["message"] and "executable file not found" in final["message"], final["message"]
     assert (final["restarts"], final.get("restartsByReason") or {}, final["attempt"]) == (0, {}, 0), final
+
+
+def test_a_command_written_python_runs_in_the_trainer_image(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    """`python`, not only `python3`, as in every common PyTorch image: torchrun started as
+    `python -m torch.distributed.run`."""
+    body = cpu_example("python-command", 20)
+    trainer = body["spec"]["template"]["spec"]["containers"][0]
+    trainer["command"] = ["python", "-m", "torch.distributed.run"]
+    kubectl.create(body, namespace=namespace)
+    final = wait_phase(kubectl, namespace, "python-command", "Succeeded", timeout=180)
+    assert (final["restarts"], final.get("restartsByReason") or {}) == (0, {}), final
+    assert "done rank=" in logs(kubectl, namespace, "python-command-worker-0")
 
 
 TEARDOWN_DEATH = """\

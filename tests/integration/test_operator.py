@@ -140,10 +140,14 @@ def test_workers_bind_to_gpu_nodes_by_capacity_and_the_job_runs(
 def test_more_gpus_than_the_cluster_has_leave_workers_pending_with_the_reason(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, gpu_nodes: list[str]
 ) -> None:
+    # one GPU more than the largest node of this session's cluster offers
+    largest = max(int(n["status"].get("allocatable", {}).get("nvidia.com/gpu", 0)) for n in kubectl.list("nodes"))
+    count = largest + 1
+    assert count <= 64, "the schema's gpus.count bound"
     spec = copy.deepcopy(GPU_JOB)
-    spec["gpus"] = {"count": 16}
+    spec["gpus"] = {"count": count}
     create(kubectl, namespace, **spec)
-    # no node has 16 GPUs: not merely waiting for one, but stalled, in the scheduler's words and ours
+    # no node has that many: not merely waiting for one, but stalled, in the scheduler's words and ours
     status = kubectl.wait_for(
         lambda: (s := job_status(kubectl, namespace)).get("reason") == "InsufficientCapacity" and s,
         timeout=60,
@@ -151,7 +155,8 @@ def test_more_gpus_than_the_cluster_has_leave_workers_pending_with_the_reason(
     )
     assert status["phase"] == "Pending"
     assert "Insufficient nvidia.com/gpu" in status["message"], status["message"]
-    assert "no schedulable node can hold a worker" in status["message"] and "nvidia.com/gpu 16" in status["message"]
+    assert "no schedulable node can hold a worker" in status["message"]
+    assert f"nvidia.com/gpu {count}" in status["message"], status["message"]
 
 
 def test_deleting_the_job_garbage_collects_every_child(
