@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJob
-from phalanx.reconcile import naming
+from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.observed import (
     Completion,
     Observed,
@@ -89,7 +89,7 @@ class World:
             refusals=dict(self.refusals),
             missing_apis=dict(self.missing_apis),
             node_capacity=self.node_capacity,
-            node_allocatable=self.node_allocatable,
+            node_allocatable=tuple(capacity.parse_allocatable(node) for node in self.node_allocatable),
             workload=self.workload,
         )
 

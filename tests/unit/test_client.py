@@ -22,6 +22,7 @@ from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.login import Credentials, Login
 from phalanx.reconcile.plan import Event
+from tests.unit.local_server import serving
 
 
 class Server:
@@ -58,13 +59,8 @@ class Server:
 @pytest.fixture
 async def server() -> AsyncIterator[tuple[Server, str]]:
     backend = Server()
-    runner = web.AppRunner(backend.app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield backend, f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    async with serving(backend.app) as url:
+        yield backend, url
 
 
 @pytest.fixture(autouse=True)

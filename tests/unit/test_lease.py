@@ -14,6 +14,7 @@ from aiohttp import web
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.lease import LeaderElector, LeaseTiming
 from phalanx.cluster.login import Credentials
+from tests.unit.local_server import serving
 
 PATH = "/apis/coordination.k8s.io/v1/namespaces/ops/leases"
 FAST = LeaseTiming(lease_duration=0.6, renew_deadline=0.4, retry=0.1)
@@ -70,14 +71,8 @@ class LeaseStore:
 @pytest.fixture
 async def store() -> AsyncIterator[tuple[LeaseStore, ApiClient]]:
     backend = LeaseStore()
-    runner = web.AppRunner(backend.app, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    async with ApiClient(Credentials(server=f"http://127.0.0.1:{port}"), timeout=2) as client:
+    async with serving(backend.app) as url, ApiClient(Credentials(server=url), timeout=2) as client:
         yield backend, client
-    await runner.cleanup()
 
 
 def elector(client: ApiClient, identity: str) -> LeaderElector:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -358,3 +359,17 @@ def test_run_hands_kopfs_namespace_options_to_the_informers() -> None:
     assert cli.watch_scope(["--standalone"]) is None
     with pytest.raises(SystemExit, match="patterns are not supported"):
         cli.watch_scope(["--namespace=team-*"])
+
+
+def test_node_cache_parses_a_nodes_allocatable_once_and_drops_nodes_that_take_no_pods() -> None:
+    nodes = NodeCache()
+    nodes.observe("ADDED", node("n1", 8))
+    nodes.observe("ADDED", node("n2", 4, unschedulable=True))
+    view = nodes.allocatable()
+    assert view == ({"nvidia.com/gpu": Decimal(8), "pods": Decimal(110)},)
+    nodes.observe("MODIFIED", node("n1", 8))  # a heartbeat: nothing parsed or rebuilt again
+    assert nodes.allocatable() is view
+    nodes.observe("MODIFIED", node("n1", 16))
+    assert nodes.allocatable() == ({"nvidia.com/gpu": Decimal(16), "pods": Decimal(110)},)
+    nodes.observe("MODIFIED", node("n1", 16, ready=False))
+    assert nodes.allocatable() == ()

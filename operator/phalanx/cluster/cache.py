@@ -25,10 +25,11 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import naming
+from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.observed import (
     Completion,
     ObjectRecord,
@@ -380,7 +381,7 @@ class ChildCache:
         refusals: Mapping[str, Refusal] | None = None,
         missing_apis: Mapping[str, str] | None = None,
         node_capacity: str = "",
-        node_allocatable: tuple[Mapping[str, str], ...] = (),
+        node_allocatable: tuple[Mapping[str, Decimal], ...] = (),
         workload: QueuedWorkload | None = None,
     ) -> Observed:
         return Observed(
@@ -416,8 +417,9 @@ class NodeCache:
         self._unready: set[str] = set()
         self._known: set[str] = set()
         self._offers: dict[str, str] = {}  # schedulable node -> what it offers
-        self._allocatable: dict[str, Mapping[str, str]] = {}  # schedulable node -> its allocatable
-        self._allocatable_view: tuple[Mapping[str, str], ...] | None = None
+        # schedulable node -> its allocatable as listed, and parsed (once per change)
+        self._allocatable: dict[str, tuple[Mapping[str, Any], Mapping[str, Decimal]]] = {}
+        self._allocatable_view: tuple[Mapping[str, Decimal], ...] | None = None
         # XOR of one digest per (node, offer): updated per node event, independent of order, so
         # the fingerprint costs O(1) however many nodes there are
         self._offer_digest = 0
@@ -445,8 +447,9 @@ class NodeCache:
         self._observe_offer(name, None if deleted or unready else _offer(body))
         if name in self._offers:
             allocatable = (body.get("status") or {}).get("allocatable") or {}
-            if self._allocatable.get(name) != allocatable:
-                self._allocatable[name] = {str(k): str(v) for k, v in allocatable.items()}
+            known = self._allocatable.get(name)
+            if known is None or known[0] != allocatable:
+                self._allocatable[name] = (dict(allocatable), capacity.parse_allocatable(allocatable))
                 self._allocatable_view = None
         elif self._allocatable.pop(name, None) is not None:
             self._allocatable_view = None
@@ -480,10 +483,11 @@ class NodeCache:
     def unready(self) -> frozenset[str]:
         return frozenset(self._unready)
 
-    def allocatable(self) -> tuple[Mapping[str, str], ...]:
-        """What each schedulable node can give pods in all (rebuilt only when a node changed)."""
+    def allocatable(self) -> tuple[Mapping[str, Decimal], ...]:
+        """What each schedulable node can give pods in all, in base units (rebuilt only when a
+        node changed)."""
         if self._allocatable_view is None:
-            self._allocatable_view = tuple(self._allocatable.values())
+            self._allocatable_view = tuple(parsed for _, parsed in self._allocatable.values())
         return self._allocatable_view
 
     def pod_released(self) -> None:

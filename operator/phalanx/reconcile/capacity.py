@@ -15,7 +15,9 @@ from decimal import Decimal
 from phalanx.reconcile.quantity import QuantityError, format_quantity, parse_quantity
 
 
-def _allocatable(node: Mapping[str, str]) -> dict[str, Decimal]:
+def parse_allocatable(node: Mapping[str, str]) -> dict[str, Decimal]:
+    """A node's ``status.allocatable`` in base units (parsed once per node change, not per pass);
+    values that are not quantities are left out."""
     parsed = {}
     for name, value in node.items():
         try:
@@ -25,10 +27,10 @@ def _allocatable(node: Mapping[str, str]) -> dict[str, Decimal]:
     return parsed
 
 
-def workers_that_fit(per_worker: Mapping[str, Decimal], nodes: Iterable[Mapping[str, str]]) -> int:
-    """How many workers the nodes could hold if nothing else ran on them. Resources no node
-    lists are left out (the scheduler may not account for them)."""
-    offers = [_allocatable(node) for node in nodes]
+def workers_that_fit(per_worker: Mapping[str, Decimal], nodes: Iterable[Mapping[str, Decimal]]) -> int:
+    """How many workers the nodes (parsed allocatable) could hold if nothing else ran on them.
+    Resources no node lists are left out (the scheduler may not account for them)."""
+    offers = list(nodes)
     listed = {name for offer in offers for name in offer}
     wanted = {name: value for name, value in per_worker.items() if value > 0 and name in listed}
     total = 0
@@ -47,7 +49,7 @@ def _readable(value: Decimal) -> str:
     return format_quantity(value)
 
 
-def shortfall(per_worker: Mapping[str, Decimal], nodes: tuple[Mapping[str, str], ...], wanted: int) -> str | None:
+def shortfall(per_worker: Mapping[str, Decimal], nodes: tuple[Mapping[str, Decimal], ...], wanted: int) -> str | None:
     """Why ``wanted`` workers can never all be placed, or None when they might be."""
     if not nodes:
         return None  # nodes are not watched: nothing is known

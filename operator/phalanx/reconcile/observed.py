@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from phalanx.reconcile import naming
@@ -138,8 +139,8 @@ class Observed:
     """API (e.g. ``scheduling.x-k8s.io/v1alpha1 podgroups``) -> why the operator cannot use it."""
     node_capacity: str = ""
     """Fingerprint of the schedulable nodes' capacity ("" when nodes are not watched)."""
-    node_allocatable: tuple[Mapping[str, str], ...] = ()
-    """Allocatable resources of each schedulable node (empty when nodes are not watched)."""
+    node_allocatable: tuple[Mapping[str, Decimal], ...] = ()
+    """Allocatable resources of each schedulable node, in base units (empty when nodes are not watched)."""
     workload: QueuedWorkload | None = None
     """Kueue's Workload for the current attempt's pod group (gang.scheduler kueue)."""
 
