@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from phalanx import cli
+from phalanx.cli.run import watch_scope
 from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, RecentlyDeleted, WorkloadCache
 from phalanx.cluster.client import resource_path
 from phalanx.cluster.workqueue import WorkQueue
@@ -353,12 +354,12 @@ def test_our_own_deletions_are_visible_before_the_watch_reports_them() -> None:
 
 
 def test_run_hands_kopfs_namespace_options_to_the_informers() -> None:
-    assert cli.watch_scope(["--standalone", "--namespace=ml", "-n", "research", "-nteam"]) == ["ml", "research", "team"]
-    assert cli.watch_scope(["--all-namespaces"]) is None
-    assert cli.watch_scope(["-A", "--namespace=ml"]) is None
-    assert cli.watch_scope(["--standalone"]) is None
+    assert watch_scope(["--standalone", "--namespace=ml", "-n", "research", "-nteam"]) == ["ml", "research", "team"]
+    assert watch_scope(["--all-namespaces"]) is None
+    assert watch_scope(["-A", "--namespace=ml"]) is None
+    assert watch_scope(["--standalone"]) is None
     with pytest.raises(SystemExit, match="patterns are not supported"):
-        cli.watch_scope(["--namespace=team-*"])
+        watch_scope(["--namespace=team-*"])
 
 
 def test_node_cache_parses_a_nodes_allocatable_once_and_drops_nodes_that_take_no_pods() -> None:

@@ -32,6 +32,7 @@ MAX_WORKERS = 4096
 Backend = Literal["auto", "nccl", "gloo"]
 NetworkProfile = Literal["auto", "tcp", "infiniband", "efa"]
 GangScheduler = Literal["none", "scheduler-plugins", "volcano", "kueue"]
+Launcher = Literal["torchrun", "static"]
 Phase = Literal["Pending", "Starting", "Running", "Rescaling", "Restarting", "Succeeded", "Failed", "Suspended"]
 
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
@@ -279,7 +280,15 @@ class FailurePolicy(ApiModel):
 
     worker_restarts: int = Field(default=3, ge=0, le=100)
     """torchrun's own in-place budget (--max-restarts): how often an agent restarts its local
-    processes, for example when the world re-forms after a peer was lost."""
+    processes, for example when the world re-forms after a peer was lost. Launcher torchrun only:
+    a static world never re-forms, so its workers get 0."""
+
+    progress_deadline_seconds: int | None = Field(default=None, ge=30, le=604800)
+    """Hang detection, off when absent: when a Running job's workers report no new training step
+    for this long, the gang restarts from its latest checkpoint with reason NoProgress, counted
+    against maxRestarts. Steps come from the phalanx.worker metrics the operator scrapes (every
+    15 s), so a job whose workers do not serve them is never judged. Set it above the time from
+    the workers' start to their first step and above the longest step and checkpoint save."""
 
 
 class Gang(ApiModel):
@@ -414,6 +423,12 @@ class TrainingJobSpec(ApiModel):
                     message="is immutable: changing procsPerWorker mid-run would split the gang",
                 ),
                 cel(
+                    "self.launcher != 'static' || self.workers.min == self.workers.max",
+                    field_path=".workers",
+                    message="launcher static runs a fixed world: workers.min must equal workers.max "
+                    "(use launcher torchrun for an elastic range)",
+                ),
+                cel(
                     "has(self.checkpoint) == has(oldSelf.checkpoint) && "
                     "(!has(self.checkpoint) || self.checkpoint == oldSelf.checkpoint)",
                     field_path=".checkpoint",
@@ -425,6 +440,18 @@ class TrainingJobSpec(ApiModel):
 
     workers: Workers
     """Worker counts: min, max and desired."""
+
+    launcher: Launcher = Field(
+        default="torchrun", json_schema_extra={"x-kubernetes-validations": [immutable("launcher")]}
+    )
+    """How the container starts training. torchrun: the command runs torchrun's elastic agent
+    (torchrun or python -m torch.distributed.run), configured through PET_* for the c10d
+    rendezvous on the job's store; the world may change size within [min, max]. static:
+    Kubeflow's PyTorchJob contract for a fixed world, for `python train.py` with
+    init_process_group (env://) and for non-elastic torchrun: every worker gets MASTER_ADDR
+    (worker 0's stable DNS name), MASTER_PORT (rendezvous.port), WORLD_SIZE (workers x
+    procsPerWorker) and RANK (its index), plus the PET_* of a static torchrun; it needs
+    workers.min == workers.max, and losing any worker restarts the gang."""
 
     procs_per_worker: int | None = Field(default=None, ge=1, le=256)
     """Processes per worker (torchrun --nproc-per-node). When absent: the GPUs per worker, or 1 on CPU."""

@@ -27,7 +27,6 @@ from phalanx.reconcile.environment import (
 )
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.quantity import QuantityError, format_quantity, parse_quantity
-from phalanx.worker.protocol import COMPLETION_KEY
 
 Object = dict[str, Any]
 
@@ -38,7 +37,7 @@ STORE_CONTAINER = "store"
 # The store is torch's own TCPStore in a process of its own: every worker dials it with
 # is_host=false, so no worker is special and losing any of them never loses the rendezvous.
 # It also serves, on the metrics port, whether a rank recorded that training completed
-# (phalanx.worker sets COMPLETION_KEY): the store outlives the workers, so the operator learns
+# (phalanx.worker sets naming.COMPLETION_KEY): the store outlives the workers, so the operator learns
 # of a completed training even when a rank dies in teardown and the agents wait on each other.
 STORE_SCRIPT = """\
 import json, os, signal, sys, threading, time
@@ -140,6 +139,29 @@ def rendezvous_service(job: api.TrainingJob) -> Object:
     )
 
 
+def workers_service(job: api.TrainingJob) -> Object | None:
+    """For the static launcher: a headless Service over the workers, so that worker 0 has the
+    stable DNS name every worker dials as MASTER_ADDR (None for launcher torchrun)."""
+    if job.spec.launcher != "static":
+        return None
+    port = job.spec.rendezvous.port
+    return _finish(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(
+                job, naming.workers_service_name(job.metadata.name), {naming.ROLE_LABEL: naming.ROLE_WORKER}
+            ),
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": True,  # ranks dial the master before it is ready
+                "selector": {naming.JOB_NAME_LABEL: job.metadata.name, naming.ROLE_LABEL: naming.ROLE_WORKER},
+                "ports": [{"name": "master", "port": port, "targetPort": port, "protocol": "TCP"}],
+            },
+        }
+    )
+
+
 def _template_spec(job: api.TrainingJob) -> dict[str, Any]:
     return job.spec.template.spec.model_dump(by_alias=True, exclude_none=True)
 
@@ -166,7 +188,7 @@ def rendezvous_store_pod(job: api.TrainingJob, launch: Launch) -> Object:
                 "env": [
                     {"name": "PHALANX_RENDEZVOUS_PORT", "value": str(port)},
                     {"name": "PHALANX_STORE_METRICS_PORT", "value": str(WORKER_METRICS_PORT)},
-                    {"name": "PHALANX_COMPLETION_KEY", "value": COMPLETION_KEY},
+                    {"name": "PHALANX_COMPLETION_KEY", "value": naming.COMPLETION_KEY},
                 ],
                 "ports": [
                     {"name": "rendezvous", "containerPort": port, "protocol": "TCP"},
@@ -292,6 +314,9 @@ def worker_pod(
 
     template["restartPolicy"] = "Never"
     template.setdefault("enableServiceLinks", False)
+    if launch.launcher == "static":  # <pod>.<job>-workers.<namespace>.svc resolves to the pod
+        template["hostname"] = naming.worker_pod_name(job.metadata.name, index)
+        template["subdomain"] = naming.workers_service_name(job.metadata.name)
     labels = dict((template_metadata.labels if template_metadata else None) or {})
     labels.update(
         {

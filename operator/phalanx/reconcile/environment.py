@@ -34,6 +34,7 @@ class Launch:
     """The effective launch settings derived from a spec (what "auto" and absent fields mean)."""
 
     backend: Literal["nccl", "gloo"]
+    launcher: api.Launcher
     transport: Transport
     procs_per_worker: int
     trainer_index: int
@@ -94,7 +95,14 @@ def resolve_launch(spec: api.TrainingJobSpec) -> Launch:
         )
     cpu = _cpu_of(container, index)
     omp = max(1, int(cpu // procs)) if cpu is not None else None
-    return Launch(backend=backend, transport=transport, procs_per_worker=procs, trainer_index=index, omp_threads=omp)
+    return Launch(
+        backend=backend,
+        launcher=spec.launcher,
+        transport=transport,
+        procs_per_worker=procs,
+        trainer_index=index,
+        omp_threads=omp,
+    )
 
 
 def _nccl_common(spec: api.TrainingJobSpec, checkpoint_dir: str | None) -> dict[str, str]:
@@ -143,31 +151,56 @@ def worker_environment(
 ) -> list[EnvVar]:
     """The worker's environment, before the container's own variables (which win) are merged in."""
     rendezvous = spec.rendezvous
-    conf = (
-        f"join_timeout={rendezvous.join_timeout_seconds},"
-        f"last_call_timeout={rendezvous.last_call_timeout_seconds},"
-        f"read_timeout={RENDEZVOUS_READ_TIMEOUT_SECONDS},is_host=false"
+    values: dict[str, str] = {"PET_LOCAL_ADDR": "$(POD_IP)", "PET_NPROC_PER_NODE": str(launch.procs_per_worker)}
+    if launch.launcher == "torchrun":
+        conf = (
+            f"join_timeout={rendezvous.join_timeout_seconds},"
+            f"last_call_timeout={rendezvous.last_call_timeout_seconds},"
+            f"read_timeout={RENDEZVOUS_READ_TIMEOUT_SECONDS},is_host=false"
+        )
+        values.update(
+            {
+                "PET_NNODES": f"{spec.workers.min}:{spec.workers.max}",
+                "PET_RDZV_BACKEND": "c10d",
+                "PET_RDZV_ENDPOINT": naming.rendezvous_endpoint(job_name, namespace, rendezvous.port),
+                "PET_RDZV_ID": naming.rendezvous_id(job_uid, attempt),
+                "PET_RDZV_CONF": conf,
+                "PET_MAX_RESTARTS": str(spec.failure_policy.worker_restarts),
+                # Workers of a restarted group otherwise read their predecessors' addresses from the
+                # shared rendezvous store (pytorch#135712): give each group its own bootstrap store.
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+            }
+        )
+    else:
+        # Kubeflow's contract for a fixed world: plain `python train.py` reads MASTER_*, WORLD_SIZE
+        # and RANK (init_method env://); a non-elastic torchrun reads the PET_* twins.
+        master = naming.master_address(job_name, namespace)
+        port = str(rendezvous.port)
+        values.update(
+            {
+                "MASTER_ADDR": master,
+                "MASTER_PORT": port,
+                "WORLD_SIZE": str(spec.workers.max * launch.procs_per_worker),
+                "RANK": str(index),
+                "PET_MASTER_ADDR": master,
+                "PET_MASTER_PORT": port,
+                "PET_NNODES": str(spec.workers.max),
+                "PET_NODE_RANK": str(index),
+                "PET_MAX_RESTARTS": "0",
+            }
+        )
+    values.update(
+        {
+            "TORCHELASTIC_ERROR_FILE": TERMINATION_LOG,
+            "PHALANX_JOB_NAME": job_name,
+            "PHALANX_NAMESPACE": namespace,
+            "PHALANX_ATTEMPT": str(attempt),
+            "PHALANX_WORKER_INDEX": str(index),
+            "PHALANX_BACKEND": launch.backend,
+            "PHALANX_STORE_ENDPOINT": naming.rendezvous_endpoint(job_name, namespace, rendezvous.port),
+            "PHALANX_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
+        }
     )
-    values: dict[str, str] = {
-        "PET_LOCAL_ADDR": "$(POD_IP)",
-        "PET_NNODES": f"{spec.workers.min}:{spec.workers.max}",
-        "PET_NPROC_PER_NODE": str(launch.procs_per_worker),
-        "PET_RDZV_BACKEND": "c10d",
-        "PET_RDZV_ENDPOINT": naming.rendezvous_endpoint(job_name, namespace, rendezvous.port),
-        "PET_RDZV_ID": naming.rendezvous_id(job_uid, attempt),
-        "PET_RDZV_CONF": conf,
-        "PET_MAX_RESTARTS": str(spec.failure_policy.worker_restarts),
-        "TORCHELASTIC_ERROR_FILE": TERMINATION_LOG,
-        # Workers of a restarted group otherwise read their predecessors' addresses from the
-        # shared rendezvous store (pytorch#135712): give each group its own bootstrap store.
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        "PHALANX_JOB_NAME": job_name,
-        "PHALANX_NAMESPACE": namespace,
-        "PHALANX_ATTEMPT": str(attempt),
-        "PHALANX_WORKER_INDEX": str(index),
-        "PHALANX_BACKEND": launch.backend,
-        "PHALANX_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
-    }
     if launch.omp_threads is not None:
         values["OMP_NUM_THREADS"] = str(launch.omp_threads)
     if spec.checkpoint is not None:

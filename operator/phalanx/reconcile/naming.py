@@ -61,6 +61,17 @@ def rendezvous_name(job_name: str) -> str:
     return f"{job_name}-rdzv"
 
 
+def workers_service_name(job_name: str) -> str:
+    """The headless Service that gives static-launcher workers stable DNS names
+    (``<job>-worker-<index>.<job>-workers``)."""
+    return f"{job_name}-workers"
+
+
+def master_address(job_name: str, namespace: str) -> str:
+    """Worker 0's stable DNS name: MASTER_ADDR of the static launcher."""
+    return f"{worker_pod_name(job_name, 0)}.{workers_service_name(job_name)}.{namespace}.svc"
+
+
 def pod_group_name(job_name: str) -> str:
     """The gang's PodGroup (scheduler-plugins or Volcano) lives as long as the job."""
     return job_name
@@ -75,6 +86,12 @@ def kueue_group_job(group_name: str) -> str | None:
     """The job a Kueue pod group (and its Workload, named alike) belongs to, if it is one of ours."""
     job, _, attempt = group_name.rpartition("-a")
     return job if job and attempt.isdigit() else None
+
+
+COMPLETION_KEY = "phalanx/training-completed"
+"""Rendezvous-store key a rank sets when training completed: JSON with attempt, step and rank. The
+store pod serves it as ``phalanx_training_completed_*``. A wire contract with phalanx.worker (its
+``protocol.COMPLETION_KEY``), which ships in a distribution of its own."""
 
 
 def rendezvous_endpoint(job_name: str, namespace: str, port: int) -> str:

@@ -228,8 +228,8 @@ class _Pass:
             launch = resolve_launch(self.spec)
             store = desired.rendezvous_store_pod(self.job, launch)
             group = desired.pod_group(self.job, launch, self.node_capacity_stamp())
-            service = desired.rendezvous_service(self.job)
-            return self.run_with(launch, store, group, service)
+            services = (desired.rendezvous_service(self.job), desired.workers_service(self.job))
+            return self.run_with(launch, store, group, services)
         except PlanningError as error:
             return self.invalid(str(error))
 
@@ -282,7 +282,9 @@ class _Pass:
         self.delete.clear()
         return self.finish("Failed", "InvalidSpec", message)
 
-    def run_with(self, launch: Launch, store: Object, group: Object | None, service: Object) -> PhaseView:
+    def run_with(
+        self, launch: Launch, store: Object, group: Object | None, services: tuple[Object, Object | None]
+    ) -> PhaseView:
         previous = self.job.status
         spec = self.spec
         if spec.suspend:
@@ -329,7 +331,8 @@ class _Pass:
             self.stalled = ("GangSchedulerUnavailable", message)
             return PhaseView("Pending", "GangSchedulerUnavailable", message)
         self.ensure(group)
-        self.ensure(service)
+        for service in services:
+            self.ensure(service)
         store_pod = self.observed.store()
         if store_pod is not None and (store_pod.deleting or self.already_counted(store_pod)):
             # Workers that dialled the old store would lose it again as it goes.

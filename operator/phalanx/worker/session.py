@@ -31,7 +31,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Any
@@ -109,11 +109,13 @@ class TrainingSession:
         dist.destroy_process_group()
         gc.collect()  # DDP and friends hold the group; free them while the interpreter is whole
 
-    def record_completion(self, environ: dict[str, str] | None = None) -> bool:
+    def record_completion(self, environ: Mapping[str, str] | None = None) -> bool:
         """Tell the rendezvous store that training completed; False if there is no store to tell."""
         from torch._C._distributed_c10d import TCPStore
 
-        endpoint = (environ if environ is not None else os.environ).get("PET_RDZV_ENDPOINT", "")
+        environ = os.environ if environ is None else environ
+        # the operator's store (PET_RDZV_ENDPOINT too under launcher torchrun, from older operators)
+        endpoint = environ.get("PHALANX_STORE_ENDPOINT") or environ.get("PET_RDZV_ENDPOINT", "")
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             return False

@@ -1,0 +1,49 @@
+"""``phalanx run``: the operator, through kopf's runner."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def watch_scope(kopf_args: list[str]) -> list[str] | None:
+    """The namespaces named by kopf's ``--namespace``/``-n`` options; None for all namespaces."""
+    names: list[str] = []
+    everywhere = False
+    arguments = iter(kopf_args)
+    for argument in arguments:
+        if argument in ("-A", "--all-namespaces"):
+            everywhere = True
+        elif argument in ("-n", "--namespace"):
+            names.append(next(arguments, ""))
+        elif argument.startswith("--namespace="):
+            names.append(argument.removeprefix("--namespace="))
+        elif argument.startswith("-n") and len(argument) > 2:
+            names.append(argument[2:].removeprefix("="))
+    if everywhere or not names:
+        return None
+    globbed = [name for name in names if any(char in name for char in "*?[!")]
+    if globbed:
+        raise SystemExit(f"phalanx run: namespace patterns are not supported ({', '.join(globbed)}); name them")
+    return names
+
+
+def run(kopf_args: list[str]) -> int:
+    """Run the operator; every argument goes to ``kopf run``."""
+    from kopf.cli import main as kopf_main
+
+    from phalanx.handlers.runtime import WATCH_NAMESPACES
+
+    os.environ[WATCH_NAMESPACES] = ",".join(watch_scope(kopf_args) or [])
+    kopf_main(["run", "-m", "phalanx.handlers", *kopf_args], standalone_mode=False)
+    return 0
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("run", help="run the operator (arguments after it go to `kopf run`)")
+    parser.add_argument(
+        "kopf_args",
+        nargs=argparse.REMAINDER,
+        help="e.g. --all-namespaces --standalone --liveness=http://0.0.0.0:8080/healthz",
+    )
+    parser.set_defaults(func=lambda args: run(args.kopf_args))
