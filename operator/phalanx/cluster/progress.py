@@ -20,6 +20,7 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import aiohttp
@@ -34,6 +35,7 @@ from phalanx.reconcile.plan import TRAINING
 logger = logging.getLogger(__name__)
 
 WORLD_SIZE = "phalanx_worker_world_size"
+STEPS = "phalanx_worker_steps_total"
 CHECKPOINT_STEP = "phalanx_worker_last_checkpoint_step"
 CHECKPOINT_TIME = "phalanx_worker_last_checkpoint_timestamp_seconds"
 COMPLETED = ("phalanx_training_completed_attempt", "phalanx_training_completed_step", "phalanx_training_completed_rank")
@@ -68,19 +70,21 @@ def _count(value: float | None, *, minimum: int = 0) -> int | None:
 
 def parse_progress(text: str, attempt: int) -> WorkerProgress:
     """Read the world size and the last checkpoint out of a worker's /metrics text."""
-    values = _samples(text, (WORLD_SIZE, CHECKPOINT_STEP, CHECKPOINT_TIME))
+    values = _samples(text, (WORLD_SIZE, CHECKPOINT_STEP, CHECKPOINT_TIME, STEPS))
     world = _count(values.get(WORLD_SIZE), minimum=1)
+    steps = _count(values.get(STEPS))
     committed = values.get(CHECKPOINT_TIME)
     step = _count(values.get(CHECKPOINT_STEP))
     if committed is None or not math.isfinite(committed) or not EARLIEST_CHECKPOINT <= committed <= LATEST_CHECKPOINT:
-        return WorkerProgress(attempt=attempt, world_size=world)  # none committed yet (0), or garbage
+        return WorkerProgress(attempt=attempt, world_size=world, steps=steps)  # none committed yet (0), or garbage
     if step is None:
-        return WorkerProgress(attempt=attempt, world_size=world)
+        return WorkerProgress(attempt=attempt, world_size=world, steps=steps)
     return WorkerProgress(
         attempt=attempt,
         world_size=world,
         checkpoint_step=step,
         checkpoint_time=datetime.fromtimestamp(committed, UTC),
+        steps=steps,
     )
 
 
@@ -123,8 +127,10 @@ class ProgressPoller:
         timeout: float = 2.0,
         concurrency: int = 8,
         default_port: int = WORKER_METRICS_PORT,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._jobs = jobs
+        self._clock = clock
         self._children = children
         self._wake = wake
         self.interval = interval
@@ -215,9 +221,24 @@ class ProgressPoller:
             return
         if self._jobs.get(key) is None:
             return  # deleted while its worker was asked: keep nothing of it
+        progress = self._with_step_clock(self._latest.get(key), replace(progress, reporter=pod.uid))
         if self._latest.get(key) != progress:
             self._latest[key] = progress
             self._wake(key)
+
+    def _with_step_clock(self, before: WorkerProgress | None, now: WorkerProgress) -> WorkerProgress:
+        """Keep when the step count was first seen at its value; any change (a new step, another
+        reporting pod or attempt, a restarted process whose counter began again) restarts that clock.
+        A clock never starts before this process first saw the count, so an operator restart can
+        only delay a NoProgress verdict, never hasten it."""
+        if now.steps is None:
+            return now
+        same = before is not None and (before.attempt, before.reporter, before.steps) == (
+            now.attempt,
+            now.reporter,
+            now.steps,
+        )
+        return replace(now, stepped_since=before.stepped_since if same and before is not None else self._clock())
 
     async def _scrape_store(self, key: JobKey, pod: PodRecord) -> None:
         try:

@@ -93,6 +93,12 @@ class WorkerProgress:
     world_size: int | None = None
     checkpoint_step: int | None = None
     checkpoint_time: datetime | None = None
+    steps: int | None = None
+    """The reporting process's step counter (``phalanx_worker_steps_total``); None when it serves none."""
+    reporter: str = ""
+    """UID of the pod that reported it: another pod's counter is another count."""
+    stepped_since: datetime | None = None
+    """When the operator first saw ``steps`` at its current value from this reporter (hang detection)."""
 
 
 @dataclass(frozen=True)

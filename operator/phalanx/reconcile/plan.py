@@ -318,7 +318,7 @@ class _Pass:
                 )
             self.requeue.append(remaining)
 
-        view = self.handle_failures(current)
+        view = self.handle_failures(current) or self.no_progress(current)
         if view is not None:
             return view
 
@@ -437,6 +437,37 @@ class _Pass:
             )
         return None
 
+    def no_progress(self, current: list[PodRecord]) -> PhaseView | None:
+        """Hang detection (failurePolicy.progressDeadlineSeconds): a Running job whose reporting worker
+        has shown the same step count for the whole deadline restarts its gang, counted. The clock
+        starts no earlier than the job last became Running (Ready), so a world that re-formed gets
+        the whole deadline for its first step; a job whose workers serve no step count is never
+        judged."""
+        deadline = self.spec.failure_policy.progress_deadline_seconds
+        progress = self.observed.progress
+        if deadline is None or self.job.status.phase != "Running" or progress is None:
+            return None
+        if progress.attempt != self.memory.attempt or progress.steps is None or progress.stepped_since is None:
+            return None
+        since = progress.stepped_since
+        ready = next((c for c in self.job.status.conditions or [] if c.type == "Ready" and c.status == "True"), None)
+        became_ready = parse_time(ready.last_transition_time) if ready is not None else None
+        if became_ready is not None and became_ready > since:
+            since = became_ready
+        idle = (self.now - since).total_seconds()
+        reporter = next((pod for pod in current if pod.uid == progress.reporter), None)
+        if idle < deadline:
+            self.requeue.append(deadline - idle)
+            return None
+        failure = Failure(
+            "NoProgress",
+            counted=True,
+            action="replace",
+            message=f"no training step for {int(idle)}s (failurePolicy.progressDeadlineSeconds is {deadline}): "
+            f"{reporter.name if reporter else 'the reporting worker'}'s step count stayed at {progress.steps}",
+        )
+        return self.gang_restart(current, [], store_lost=False, cause=failure)
+
     def gang_restart(
         self,
         current: list[PodRecord],
@@ -489,14 +520,15 @@ class _Pass:
             f"{failure.message}; fewer than min ({self.spec.workers.min}) workers remain, "
             f"restarting the gang as attempt {self.memory.attempt}"
         )
-        if store_lost:
+        if store_lost or (cause is not None and self.spec.gang.scheduler != "kueue"):
             message = f"{failure.message}; restarting the gang as attempt {self.memory.attempt}"
         elif self.spec.gang.scheduler == "kueue":
             message = f"{failure.message}; restarting the gang as attempt {self.memory.attempt} (a new Kueue pod group)"
         if wait:
             message += f" after {wait}s"
             self.requeue.append(float(wait))
-        self.events.append(Event("Warning", "GangRestart", message))
+        # a hang is named by its own reason: it is what the user must look into
+        self.events.append(Event("Warning", "NoProgress" if failure.reason == "NoProgress" else "GangRestart", message))
         return PhaseView("Restarting", failure.reason, message)
 
     def kueue_group_resized(self, current: list[PodRecord]) -> Failure | None:

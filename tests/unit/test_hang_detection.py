@@ -1,0 +1,170 @@
+"""Hang detection: failurePolicy.progressDeadlineSeconds restarts a Running gang whose workers
+stopped stepping, counted, and judges nothing it cannot see."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import generate_latest
+
+from phalanx.cluster.cache import ChildCache, JobCache
+from phalanx.cluster.progress import ProgressPoller, parse_progress
+from phalanx.reconcile.observed import WorkerProgress
+from phalanx.worker.metrics import WorkerMetrics
+from tests.unit.jobs import job
+from tests.unit.simulation import World
+from tests.unit.test_progress import free_port, running_job_and_worker
+
+DEADLINE = 300
+
+
+def test_a_workers_step_counter_is_read() -> None:
+    metrics = WorkerMetrics()
+    for _ in range(7):
+        metrics.step_done(0)
+    assert parse_progress(generate_latest(metrics.registry).decode(), attempt=1).steps == 7
+    assert parse_progress("phalanx_worker_world_size 2\n", attempt=1).steps is None
+    assert parse_progress("phalanx_worker_steps_total NaN\n", attempt=1).steps is None
+
+
+def test_the_step_clock_runs_from_when_the_count_last_changed() -> None:
+    port = free_port()
+    metrics = WorkerMetrics()
+    metrics.serve(port)
+    jobs, children = JobCache(), ChildCache()
+    running_job_and_worker(jobs, children, ip="127.0.0.1", port=port)
+    now = [datetime(2026, 12, 1, 8, 0, tzinfo=UTC)]
+    woken: list[tuple[str, str]] = []
+    poller = ProgressPoller(jobs, children, woken.append, interval=60, clock=lambda: now[0])
+    key = ("ml", "demo")
+
+    async def poll() -> WorkerProgress | None:
+        async with poller:
+            await poller.poll_once()
+        return poller.get(key)
+
+    first = asyncio.run(poll())
+    assert first is not None and (first.steps, first.reporter, first.stepped_since) == (0, "uid-worker-0", now[0])
+    started = now[0]
+    now[0] += timedelta(minutes=3)
+    unchanged = asyncio.run(poll())
+    assert unchanged is not None and unchanged.stepped_since == started  # the same count: the clock runs on
+    assert woken == [key]  # and nobody is woken for it
+    metrics.step_done(0)
+    now[0] += timedelta(minutes=1)
+    stepped = asyncio.run(poll())
+    assert stepped is not None and stepped.steps == 1 and stepped.stepped_since == now[0]
+    assert woken == [key, key]
+    metrics.close()
+
+
+def running(world: World) -> World:
+    world.reconcile()
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running"
+    return world
+
+
+def hang_job(deadline: int | None = DEADLINE, **policy: object) -> World:
+    failure_policy: dict[str, object] = {"backoffSeconds": 0, **policy}
+    if deadline is not None:
+        failure_policy["progressDeadlineSeconds"] = deadline
+    return running(World(job(failurePolicy=failure_policy)))
+
+
+def reporting(world: World, steps: int, since: datetime) -> None:
+    worker = world.workers(attempt=world.status["attempt"])[0]
+    world.progress = WorkerProgress(
+        attempt=world.status["attempt"], steps=steps, reporter=worker["metadata"]["uid"], stepped_since=since
+    )
+
+
+def test_a_gang_that_stops_stepping_restarts_counted_with_reason_no_progress() -> None:
+    world = hang_job()
+    reporting(world, 40, world.now)
+    world.advance(DEADLINE - 1)
+    waiting = world.reconcile()
+    assert world.status["phase"] == "Running" and waiting.requeue_after == 1  # it comes back at the deadline
+    world.advance(1)
+    restart = world.reconcile()
+    assert world.status["phase"] == "Restarting" and world.status["reason"] == "NoProgress"
+    assert world.status["restarts"] == 1 and world.status["restartsByReason"] == {"NoProgress": 1}
+    assert world.status["attempt"] == 1
+    [event] = [e for e in restart.events if e.reason == "NoProgress"]
+    assert event.type == "Warning" and f"no training step for {DEADLINE}s" in event.message
+    assert "demo-worker-0's step count stayed at 40" in event.message and "attempt 1" in event.message
+    conditions = {c["type"]: c for c in world.status["conditions"]}
+    assert conditions["Reconciling"]["status"] == "True" and conditions["Reconciling"]["reason"] == "NoProgress"
+    assert {deletion.name for deletion in restart.delete} >= {"demo-worker-0", "demo-worker-1", "demo-worker-2"}
+    world.finish_terminating()
+    world.settle()
+    assert [w["metadata"]["labels"]["phalanx.dev/attempt"] for w in world.workers()] == ["1", "1", "1"]
+    again = world.reconcile()  # the old attempt's report is no verdict on the new one
+    assert world.status["restarts"] == 1 and not again.delete
+
+
+def test_steps_that_advance_keep_the_job_running() -> None:
+    world = hang_job()
+    for steps in range(5):
+        reporting(world, steps, world.now)
+        world.advance(DEADLINE - 10)
+        world.reconcile()
+    assert world.status["phase"] == "Running" and world.status["restarts"] == 0
+
+
+def test_the_clock_starts_no_earlier_than_the_job_became_running_again() -> None:
+    world = hang_job()
+    reporting(world, 40, world.now - timedelta(hours=1))  # a count last seen to change long ago
+    world.reconcile()
+    assert world.status["phase"] == "Running"  # the job became Ready just now: the whole deadline is its own
+    world.advance(DEADLINE)
+    world.reconcile()
+    assert world.status["reason"] == "NoProgress"
+
+
+def test_nothing_is_judged_without_a_step_count_off_by_default_or_while_not_running() -> None:
+    unmeasured = hang_job()
+    unmeasured.progress = WorkerProgress(attempt=0, world_size=3)  # the script serves no step counter
+    unmeasured.advance(DEADLINE * 10)
+    unmeasured.reconcile()
+    assert unmeasured.status["phase"] == "Running"
+
+    off = hang_job(deadline=None)
+    reporting(off, 40, off.now)
+    off.advance(86400)
+    off.reconcile()
+    assert off.status["phase"] == "Running"
+
+    rescaling = hang_job()
+    reporting(rescaling, 40, rescaling.now)
+    rescaling.body["spec"]["workers"]["desired"] = 4
+    rescaling.reconcile()
+    assert rescaling.status["phase"] == "Rescaling"
+    rescaling.advance(DEADLINE * 2)
+    rescaling.reconcile()  # the world is re-forming: steps pause by design
+    assert rescaling.status["phase"] == "Rescaling" and rescaling.status["restarts"] == 0
+
+
+def test_a_hang_past_the_budget_fails_the_job() -> None:
+    world = hang_job(maxRestarts=0)
+    reporting(world, 3, world.now)
+    world.advance(DEADLINE)
+    world.reconcile()
+    assert world.status["phase"] == "Failed" and world.status["reason"] == "RestartBudgetExhausted"
+    assert "no training step" in world.status["message"]
+
+
+def test_a_verdict_is_written_once_however_often_the_pass_repeats() -> None:
+    world = hang_job()
+    reporting(world, 40, world.now)
+    world.advance(DEADLINE)
+    first = world.plan()
+    world.carry_out(first, stop_after_status=True)  # SIGKILL right after the status write
+    stale = replace(world.progress, attempt=0) if world.progress else None
+    world.progress = stale
+    world.reconcile()
+    world.reconcile()
+    assert world.status["restarts"] == 1 and world.status["attempt"] == 1
