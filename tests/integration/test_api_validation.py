@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import copy
 import pathlib
+import re
 from typing import Any
 
 import pytest
 import yaml
 
+from phalanx.api import admission
 from tests.cluster.kube import Kubectl, KubectlError
 from tests.unit.jobs import manifest
-from tests.unit.test_cel_rules import IMMUTABLE, REFUSED, SCHEMA_BOUNDS
+from tests.unit.test_cel_rules import IMMUTABLE, REFUSED, SCHEMA_BOUNDS, WORDING
 
 pytestmark = pytest.mark.integration
 
@@ -97,3 +99,36 @@ def test_name_too_long_is_refused(kubectl: Kubectl, crds: list[str], namespace: 
     body = manifest()
     body["metadata"]["name"] = "a" * 51
     assert "metadata.name" in submit(kubectl, body, namespace)
+
+
+KUBECTL_PREFIX = re.compile(r'^Error from server \(\w+\): error when creating "STDIN": ')
+EVERY_REFUSAL = [(case, spec) for case, spec, *_ in REFUSED + SCHEMA_BOUNDS] + WORDING
+
+
+@pytest.mark.parametrize(("case", "spec"), EVERY_REFUSAL, ids=[c[0] for c in EVERY_REFUSAL])
+def test_offline_admission_refuses_in_the_api_servers_words(
+    kubectl: Kubectl, crds: list[str], namespace: str, case: str, spec: dict[str, Any]
+) -> None:
+    """What `phalanx plan` prints for a refused job is what kubectl create prints (line order aside:
+    the API server's order of sibling fields is not part of its contract)."""
+    body = manifest(**spec)
+    body["metadata"] = {"name": "demo"}
+    refusal = KUBECTL_PREFIX.sub("", submit(kubectl, body, namespace).strip())
+    predicted = admission.admit(body).message
+    assert refusal, f"{case} was accepted"
+    assert sorted(predicted.splitlines()) == sorted(refusal.splitlines()), (
+        f"\n{predicted}\n--- API server ---\n{refusal}"
+    )
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_offline_admission_stores_what_the_api_server_stores(
+    kubectl: Kubectl, crds: list[str], namespace: str, example: pathlib.Path
+) -> None:
+    body = yaml.safe_load(example.read_text())
+    assert submit(kubectl, body, namespace) == ""
+    stored = kubectl.get("tj", body["metadata"]["name"], namespace)
+    predicted = admission.admit(body).admitted
+    assert stored is not None and predicted is not None
+    assert predicted["spec"] == stored["spec"]
+    assert predicted["status"] == stored["status"]

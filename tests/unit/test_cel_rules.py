@@ -114,6 +114,35 @@ SCHEMA_BOUNDS: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
+# More refusals whose exact wording (kubectl's) the integration tier compares with the real API
+# server's: types, required fields, unknown fields, counts, and several errors at once.
+WORDING: list[tuple[str, dict[str, Any]]] = [
+    ("missing max", {"workers": {"max": None}}),
+    ("missing template", {"template": None}),
+    ("string for an integer", {"workers": {"max": "four"}}),
+    ("float for an integer", {"workers": {"max": 2.5}}),
+    ("boolean for an integer", {"gpus": {"count": True}}),
+    ("object for a string", {"backend": {"name": "nccl"}}),
+    ("list for an object", {"network": ["eth0"]}),
+    (
+        "too many hcas",
+        {"gpus": {"count": 8}, "network": {"rdma": {"resource": "rdma/a"}, "hcas": [f"mlx5_{i}" for i in range(33)]}},
+    ),
+    ("interface name too long", {"network": {"socketInterface": "x" * 16}}),
+    ("empty interface name", {"network": {"socketInterface": ""}}),
+    ("unknown nested field", {"workers": {"minimum": 1}}),
+    ("two unknown fields", {"foo": 1, "gang": {"bar": 2}}),
+    ("two rules broken", {"backend": "nccl", "workers": {"min": 5, "max": 4, "desired": 4}}),
+    ("a bound and a rule broken", {"backend": "nccl", "workers": {"max": 5000}}),
+    ("static launcher with a range", {"launcher": "static"}),
+    ("container without a name", {"template": {"spec": {"containers": [{"image": "x"}]}}}),
+    ("too many env vars", {"network": {"env": {f"V{i}": "1" for i in range(65)}}}),
+    ("integer for an enum", {"backend": 3}),
+    ("progress deadline too short", {"failurePolicy": {"progressDeadlineSeconds": 5}}),
+    ("unknown launcher", {"launcher": "mpirun"}),
+]
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_accepted(example: Path) -> None:
     assert validate(yaml.safe_load(example.read_text())) == []

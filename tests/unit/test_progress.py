@@ -68,7 +68,7 @@ def test_completion_is_read_from_the_stores_page() -> None:
 
 def test_no_checkpoint_yet_reports_none_rather_than_step_zero() -> None:
     progress = parse_progress(generate_latest(served(2, None).registry).decode(), attempt=0)
-    assert progress == WorkerProgress(attempt=0, world_size=2)
+    assert progress == WorkerProgress(attempt=0, world_size=2, steps=0)
 
 
 def test_the_lowest_ready_worker_of_the_current_attempt_reports() -> None:
@@ -203,7 +203,7 @@ def test_one_pod_serving_garbage_costs_only_its_own_job_and_the_poller_goes_on()
     good = poller.get(("ml", "demo"))
     assert good is not None and good.world_size == 4
     bad = poller.get(("ml", "bad"))
-    assert bad == WorkerProgress(attempt=0)  # its absurd values are simply absent
+    assert bad == WorkerProgress(attempt=0, reporter="uid-bad-0")  # its absurd values are simply absent
 
 
 # -- what the status shows ---------------------------------------------------------------------
