@@ -112,3 +112,20 @@ def test_kueue_example_labels_every_pod_of_the_attempt() -> None:
         assert pod["metadata"]["labels"][naming.KUEUE_POD_GROUP_LABEL] == "gang-kueue-a0"
         assert pod["metadata"]["annotations"][naming.KUEUE_TOTAL_COUNT_ANNOTATION] == "4"
         assert "schedulerName" not in pod["spec"]
+
+
+def test_static_example_gives_every_worker_kubeflows_variables() -> None:
+    world, _ = first_worker("static-python.yaml")
+    assert ("Service", "static-python-workers") in world.objects
+    for index, pod in enumerate(world.workers()):
+        variables = env(pod)
+        assert variables["MASTER_ADDR"] == "static-python-worker-0.static-python-workers.ml.svc"
+        assert variables["MASTER_PORT"] == "29400"
+        assert (variables["WORLD_SIZE"], variables["RANK"]) == ("4", str(index))
+        assert (variables["PET_NNODES"], variables["PET_NODE_RANK"]) == ("4", str(index))
+        assert "PET_RDZV_ENDPOINT" not in variables and variables["PET_MAX_RESTARTS"] == "0"
+        assert variables["PHALANX_STORE_ENDPOINT"] == "static-python-rdzv.ml.svc:29400"
+        assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == (
+            f"static-python-worker-{index}",
+            "static-python-workers",
+        )
