@@ -170,16 +170,20 @@ def test_trainer_pod_imports_torch(real_node, namespace):
 
 
 def test_trainer_image_has_phalanx(real_node, namespace):
-    """The Dockerfile's trainer target: phalanx of this checkout (with the worker extra) and torchrun."""
+    """The Dockerfile's trainer target: phalanx-worker of this checkout (the in-pod helper alone,
+    no operator code or dependency) and torchrun."""
     name = "phalanx-import"
     script = (
-        "import importlib.metadata as m, shutil, phalanx.worker.metrics, prometheus_client, numpy; "
-        "print('phalanx', m.version('phalanx'), 'torchrun', shutil.which('torchrun'))"
+        "import importlib.metadata as m, importlib.util as u, shutil, phalanx.worker.metrics, prometheus_client; "
+        "import numpy; "
+        "print('phalanx-worker', m.version('phalanx-worker'), 'torchrun', shutil.which('torchrun'), 'operator', "
+        "[n for n in ('phalanx.api', 'kopf', 'pydantic', 'aiohttp', 'kubernetes') if u.find_spec(n)])"
     )
     _apply(real_node, _pod(real_node, name, namespace, ["python3", "-c", script]))
     _wait_phase(real_node, name, namespace, timeout=120)
     logs = _logs(real_node, name, namespace)
-    assert f"phalanx {importlib.metadata.version('phalanx')} torchrun /usr/local/bin/torchrun" in logs, logs
+    version = importlib.metadata.version("phalanx")  # this checkout's (both distributions share it)
+    assert f"phalanx-worker {version} torchrun /usr/local/bin/torchrun operator []" in logs, logs
 
 
 PEER_SCRIPT = r"""

@@ -32,14 +32,9 @@ def test_import_operator_still_gives_the_standard_library() -> None:
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    return next(out.glob("phalanx-*.whl"))
+def wheel(wheels: dict[str, Path]) -> Path:
+    """The operator's wheel (conftest.py builds it and phalanx-worker's)."""
+    return wheels["phalanx"]
 
 
 def test_wheel_contains_phalanx_and_no_operator_package(wheel: Path) -> None:
@@ -47,6 +42,7 @@ def test_wheel_contains_phalanx_and_no_operator_package(wheel: Path) -> None:
     assert "phalanx/__init__.py" in names
     assert "phalanx/py.typed" in names
     assert not [name for name in names if name.startswith("operator/")]
+    assert not [name for name in names if name.startswith("phalanx/worker/")]  # phalanx-worker's
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "phalanx = phalanx.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

@@ -68,9 +68,15 @@ BUILD_CA_PATH = "/etc/ssl/certs/phalanx-build-ca.crt"
 DOCKER = "/usr/bin/docker"  # Debian's docker.io client (matches the daemon's API version)
 DOCKERD = "/usr/sbin/dockerd"
 WHEEL_PORT = int(os.environ.get("PHALANX_WHEEL_PORT", "38917"))
-# What the Dockerfile COPYs (besides itself); the build context holds only these.
-CONTEXT_FILES = ("Dockerfile", "pyproject.toml", "README.md")
+# What the Dockerfile COPYs (besides itself); the build context holds only these (as .dockerignore).
+CONTEXT_FILES = ("Dockerfile", "pyproject.toml", "README.md", "worker/pyproject.toml", "worker/README.md")
 CONTEXT_DIRS = ("operator",)
+# What each target's image is made of, for its key: the trainer installs phalanx-worker alone
+# (its stage copies only these), so a change to the operator's code keeps the trainer image.
+TARGET_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "operator": (("Dockerfile", "pyproject.toml", "README.md"), ("operator",)),
+    "trainer": (("Dockerfile", "worker/pyproject.toml", "worker/README.md"), ("operator/phalanx/worker",)),
+}
 
 
 @dataclass
@@ -88,9 +94,12 @@ class ImageBuild:
 # ------------------------------------------------------------------------------ inputs
 
 
-def _context_inputs() -> list[Path]:
-    files = [REPO_ROOT / f for f in CONTEXT_FILES]
-    for d in CONTEXT_DIRS:
+def _context_inputs(
+    files_and_dirs: tuple[tuple[str, ...], tuple[str, ...]] = (CONTEXT_FILES, CONTEXT_DIRS),
+) -> list[Path]:
+    names, dirs = files_and_dirs
+    files = [REPO_ROOT / f for f in names]
+    for d in dirs:
         files += [
             p
             for p in (REPO_ROOT / d).rglob("*")
@@ -113,7 +122,7 @@ def _base_key(rootfs: Path) -> str:
 
 
 def image_key(target: str, rootfs: Path, wheels: list[Path]) -> str:
-    inputs = _context_inputs()
+    inputs = _context_inputs(TARGET_INPUTS[target])
     return hash_inputs(
         target,
         _base_key(rootfs),

@@ -36,7 +36,6 @@ from .host import NODE_DIR, REPO_ROOT, cache_dir, hash_inputs, node_cache_dir, r
 log = logging.getLogger(__name__)
 
 PAUSE_REF = "registry.k8s.io/pause:3.10.1"
-WORKER_EXTRA = "worker"  # phalanx's extra for the in-pod helper (numpy for torch.distributed.checkpoint)
 TORCH_REQUIREMENT = os.environ.get("PHALANX_TORCH_REQUIREMENT", "torch==2.13.0")
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("PHALANX_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -226,16 +225,17 @@ def _slim_rootfs(root: Path) -> None:
 
 
 def project_requirements() -> list[str]:
-    """Runtime dependencies (with the ``worker`` extra) and build requirements of pyproject.toml."""
+    """Runtime dependencies and build requirements of both distributions the Dockerfile builds:
+    ``phalanx`` (pyproject.toml, the operator) and ``phalanx-worker`` (worker/pyproject.toml,
+    the trainer's in-pod helper; without its extras)."""
     import tomllib
 
-    data = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
-    project = data.get("project", {})
-    return sorted(
-        set(project.get("dependencies", []))
-        | set(project.get("optional-dependencies", {}).get(WORKER_EXTRA, []))
-        | set(data.get("build-system", {}).get("requires", []))
-    )
+    requirements: set[str] = set()
+    for pyproject in ("pyproject.toml", "worker/pyproject.toml"):
+        data = tomllib.loads((REPO_ROOT / pyproject).read_text())
+        requirements |= set(data.get("project", {}).get("dependencies", []))
+        requirements |= set(data.get("build-system", {}).get("requires", []))
+    return sorted(requirements)
 
 
 def host_ca_bundle() -> Path:
