@@ -74,13 +74,17 @@ async def body_lines(chunks: AsyncIterable[bytes], max_line_bytes: int | None = 
     async for chunk in chunks:
         pending += chunk
         start = 0
-        while (end := pending.find(b"\n", start)) != -1:
-            yield pending[start : end + 1]
-            start = end + 1
+        while True:
+            end = pending.find(b"\n", start)
+            if max_line_bytes and (len(pending) if end == -1 else end) - start > max_line_bytes:
+                yield pending[start : start + max_line_bytes]
+                start += max_line_bytes
+            elif end == -1:
+                break
+            else:
+                yield pending[start : end + 1]
+                start = end + 1
         pending = pending[start:]
-        while max_line_bytes and len(pending) >= max_line_bytes:
-            yield pending[:max_line_bytes]
-            pending = pending[max_line_bytes:]
     if pending:
         yield pending
 

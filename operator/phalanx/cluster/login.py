@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from kubernetes.client import Configuration
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME, InClusterConfigLoader
@@ -102,6 +103,20 @@ class Login:
     def _kubeconfig_files(self) -> str:
         return self.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
 
+    def _context_name(self, files: str) -> str | None:
+        """The context named, else kubectl's current context: that of the first file that sets
+        one (the package, left to itself, would take the last)."""
+        if self.context:
+            return self.context
+        for path in files.split(os.pathsep):
+            try:
+                config = yaml.safe_load(Path(path).expanduser().read_text()) if path else None
+            except (OSError, yaml.YAMLError):
+                continue  # the package's loader says what is wrong with it
+            if isinstance(config, dict) and config.get("current-context"):
+                return str(config["current-context"])
+        return None
+
     def namespace(self) -> str:
         """The namespace a command works in when it names none, chosen as kubectl chooses: in a pod
         (service account) ``$POD_NAMESPACE`` or the account's own namespace, else the namespace of
@@ -118,7 +133,7 @@ class Login:
             contexts, current = list_kube_config_contexts(files)  # type: ignore[no-untyped-call]
         except (ConfigException, OSError) as error:
             raise LoginError(f"cannot read the kubeconfig {files}: {error}") from error
-        name = self.context or (current or {}).get("name")
+        name = self._context_name(files) or (current or {}).get("name")
         for context in contexts or []:
             if context.get("name") == name:
                 return str((context.get("context") or {}).get("namespace") or DEFAULT_NAMESPACE)
@@ -140,14 +155,15 @@ class Login:
                     self._source = "service account"
                 else:
                     files = self._kubeconfig_files()
+                    context = self._context_name(files)
                     load_kube_config(  # type: ignore[no-untyped-call]
                         config_file=files,
-                        context=self.context,
+                        context=context,
                         client_configuration=configuration,
                         persist_config=False,
                         temp_file_path=str(self._scratch_dir()),
                     )
-                    self._source = f"kubeconfig {files}" + (f" context {self.context}" if self.context else "")
+                    self._source = f"kubeconfig {files}" + (f" context {context}" if context else "")
             except (ConfigException, OSError) as error:
                 raise LoginError(f"cannot load Kubernetes credentials: {error}") from error
             self._configuration = configuration
