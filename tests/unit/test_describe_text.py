@@ -438,6 +438,18 @@ def test_event_names_of_a_jobs_pods() -> None:
     assert not pattern.match("a.b-worker-worker-0") and not pattern.match("a.b-rdzv-x")
 
 
+def test_events_of_the_same_second_keep_the_order_they_were_stored_in() -> None:
+    stamp = "2026-03-01T11:50:00Z"
+    stored = [
+        event("llama", "TrainingJob", reason, "m", last=stamp, component="phalanx", uid=UID)
+        for reason in ("Rescaling", "WorkerFailed", "WorkersReady")
+    ]
+    for version, body in zip(("998", "999", "1000"), stored, strict=True):
+        body["metadata"]["resourceVersion"] = version
+    ordered = describe_text.job_events(JOB, list(reversed(stored)), [])
+    assert [e["reason"] for e in ordered] == ["Rescaling", "WorkerFailed", "WorkersReady"]
+
+
 def test_only_the_newest_events_are_shown_and_the_rest_counted() -> None:
     many = [
         event("llama", "TrainingJob", f"R{i}", "m", last=f"2026-03-01T11:{i:02d}:00Z", component="phalanx", uid=UID)

@@ -209,7 +209,8 @@ def job_events(
     job: Mapping[str, Any], job_events: Iterable[Mapping[str, Any]], pod_events: Iterable[Mapping[str, Any]]
 ) -> list[Mapping[str, Any]]:
     """The Events of the job itself and of the pods it made (by name, so deleted workers' Events
-    count too), since the job was created (not a predecessor's of the same name), oldest first."""
+    count too), since the job was created (not a predecessor's of the same name), oldest first
+    (as kubectl orders them, and stored order within a second)."""
     metadata = job.get("metadata") or {}
     uid, created = metadata.get("uid"), parse_time(metadata.get("creationTimestamp"))
     names = job_pod_name_pattern(str(metadata.get("name", "")))
@@ -220,7 +221,15 @@ def job_events(
         happened = parse_time(event_time(event) or None)
         if created is None or happened is None or happened >= created:
             chosen.append(event)
-    return sorted(chosen, key=lambda event: parse_time(event_time(event) or None) or EARLIEST)
+    return sorted(chosen, key=_event_order)
+
+
+def _event_order(event: Mapping[str, Any]) -> tuple[datetime, int]:
+    """By time; Events of the same second (core/v1 times have no fraction) in the order the API
+    server stored them: resourceVersions are etcd revisions here, though clients may not rely on
+    that for anything but this tie."""
+    version = str((event.get("metadata") or {}).get("resourceVersion", ""))
+    return parse_time(event_time(event) or None) or EARLIEST, int(version) if version.isdigit() else 0
 
 
 def _conditions(status: Mapping[str, Any], now: datetime) -> list[str]:
