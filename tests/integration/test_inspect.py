@@ -5,19 +5,17 @@ logs`` is tested on the real node (tests/e2e/test_inspect.py)."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from phalanx.reconcile import naming
-from tests.cluster.kube import Kubectl, find_kubectl
+from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.integration.operator_process import OperatorProcess
+from tests.integration.phalanx_cli import kubectl_plugin, phalanx, plugin_path
 from tests.integration.scenario import (
     JOB,
     POOL_LABEL,
@@ -30,7 +28,6 @@ from tests.integration.scenario import (
 
 pytestmark = pytest.mark.integration
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 POOL = "inspect"
 FAILURE = "RuntimeError: CUDA error: an illegal memory access was encountered"
 
@@ -40,44 +37,9 @@ def gpu_nodes(kwok_cluster: LocalCluster, kubectl: Kubectl) -> list[str]:
     return gpu_pool(kwok_cluster, kubectl, POOL, count=2)
 
 
-def environment(path: str | None = None) -> dict[str, str]:
-    """This checkout's phalanx, and no $KUBECONFIG: every command names the test's kubeconfig."""
-    env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
-    env["PYTHONPATH"] = f"{ROOT / 'operator'}{os.pathsep}{ROOT}"
-    if path is not None:
-        env["PATH"] = path
-    return env
-
-
-def phalanx(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "phalanx", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False, env=environment())
-
-
 @pytest.fixture
-def plugin_path(tmp_path: pathlib.Path) -> str:
-    """A PATH on which kubectl finds ``kubectl-phalanx``: a copy of the console script pip writes,
-    running this checkout (the venv's own may belong to another checkout, and installing this
-    one would repoint it)."""
-    venv_bin = pathlib.Path(sys.executable).parent
-    assert (venv_bin / "kubectl-phalanx").is_file(), f"no kubectl-phalanx console script in {venv_bin}"
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    script = plugins / "kubectl-phalanx"
-    script.write_text(
-        f"#!{sys.executable}\n"
-        "import sys\n"
-        f"sys.path[:0] = [{str(ROOT / 'operator')!r}, {str(ROOT)!r}]\n"
-        "from phalanx.cli import main\n"
-        "sys.exit(main())\n"
-    )
-    script.chmod(0o755)
-    return os.pathsep.join([str(plugins), str(venv_bin), os.environ.get("PATH", "/usr/bin:/bin")])
-
-
-def kubectl_plugin(path: str, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [str(find_kubectl()), "phalanx", *args]  # kubectl hands every argument after the plugin's name to it
-    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False, env=environment(path))
+def plugin(tmp_path: pathlib.Path) -> str:
+    return plugin_path(tmp_path / "plugins")
 
 
 def fields(text: str) -> dict[str, str]:
@@ -142,7 +104,7 @@ def test_describe_shows_the_job_after_a_counted_worker_failure_also_as_a_kubectl
     namespace: str,
     operator: OperatorProcess,
     gpu_nodes: list[str],
-    plugin_path: str,
+    plugin: str,
 ) -> None:
     template: dict[str, Any] = {"spec": {"nodeSelector": {POOL_LABEL: POOL}, "containers": [TRAINER]}}
     before = start(kubectl, namespace, template=template)
@@ -157,10 +119,10 @@ def test_describe_shows_the_job_after_a_counted_worker_failure_also_as_a_kubectl
     assert described.stderr == ""
     check_description(described.stdout, namespace, gpu_nodes, victim)
 
-    through_kubectl = kubectl_plugin(plugin_path, "describe", JOB, "-n", namespace, "--kubeconfig", str(kubeconfig))
+    through_kubectl = kubectl_plugin(plugin, "describe", JOB, "-n", namespace, "--kubeconfig", str(kubeconfig))
     assert through_kubectl.returncode == 0, through_kubectl.stderr
     check_description(through_kubectl.stdout, namespace, gpu_nodes, victim)
 
-    missing = kubectl_plugin(plugin_path, "describe", "nope", "-n", namespace, "--kubeconfig", str(kubeconfig))
+    missing = kubectl_plugin(plugin, "describe", "nope", "-n", namespace, "--kubeconfig", str(kubeconfig))
     assert missing.returncode == 1 and missing.stdout == ""
     assert missing.stderr == f'kubectl phalanx describe: trainingjob "nope" not found in namespace "{namespace}"\n'

@@ -390,6 +390,9 @@ async def follow(
     )
     await pods.list_once()  # a refusal (forbidden) ends the command here, in one line
     await jobs.list_once()
+    if not followed.streams and followed.ended is None:
+        phase = (job.get("status") or {}).get("phase") or "Pending"
+        output.note(f"waiting for the workers of trainingjob {name} to start (phase {phase})")
     async with _running(pods, jobs):
         await followed.run()
     if not followed.streams:
