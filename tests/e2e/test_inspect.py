@@ -121,7 +121,6 @@ def test_logs_follow_a_job_from_before_its_workers_exist_until_it_succeeds(
 ) -> None:
     kubeconfig = str(real_cluster.kubeconfig)
     kubectl.create(two_worker_job(), namespace=namespace)
-    started = time.monotonic()
     with background(phalanx_command("logs", "-f", JOB, "-n", namespace, "--kubeconfig", kubeconfig)) as following:
         kubectl.wait_for(
             lambda: any("waiting for the workers" in line for line in following.stderr),
@@ -130,12 +129,16 @@ def test_logs_follow_a_job_from_before_its_workers_exist_until_it_succeeds(
         )
         assert kubectl.list("pods", namespace, f"phalanx.dev/job-name={JOB},phalanx.dev/role=worker") == []
         kubectl.run("patch", "tj", JOB, f"--namespace={namespace}", "--type=merge", "-p", '{"spec":{"suspend":false}}')
+        resumed = time.monotonic()
         code = following.wait(timeout=240)  # it ends by itself when the job succeeds
         assert code == 0, following.stderr
         out = "\n".join(following.stdout)
+    # both streams ended with their containers, not cut off after the job ended
+    assert not any("stopped following" in line for line in following.stderr), following.stderr
     status = (kubectl.get("tj", JOB, namespace) or {}).get("status") or {}
     assert status.get("phase") == "Succeeded", status
-    print(f"logs -f ended {time.monotonic() - started:.0f}s after the job was created:\n{out}")
+    print(f"logs -f ended {time.monotonic() - resumed:.0f}s after the job was resumed:\n{out}")
+    print("stderr:", *following.stderr, sep="\n")
 
     workers = by_worker(following.stdout)
     assert set(workers) == {"worker-0", "worker-1"}, out

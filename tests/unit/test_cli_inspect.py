@@ -5,11 +5,15 @@ and how they fail (one line on stderr, exit status 1)."""
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 import os
 import pathlib
+import signal
 import sys
 import tomllib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import yaml
@@ -38,8 +42,10 @@ class FakeApi:
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.forbid = False
+        self.succeed_after: float | None = None  # the job's watch reports it Succeeded after this long
         self.app = web.Application()
         self.app.router.add_get("/apis/phalanx.dev/v1alpha1/namespaces/{ns}/trainingjobs/{name}", self.job)
+        self.app.router.add_get("/apis/phalanx.dev/v1alpha1/namespaces/{ns}/trainingjobs", self.jobs)
         self.app.router.add_get("/api/v1/namespaces/{ns}/pods", self.pods)
         self.app.router.add_get("/api/v1/namespaces/{ns}/pods/{name}/log", self.log)
         self.app.router.add_get("/api/v1/namespaces/{ns}/events", self.events)
@@ -57,8 +63,34 @@ class FakeApi:
             return web.json_response(status, status=404)
         return web.json_response(JOB)
 
-    async def pods(self, request: web.Request) -> web.Response:
+    async def jobs(self, request: web.Request) -> web.StreamResponse:
         self.seen(request)
+        assert request.query["fieldSelector"] == "metadata.name=llama"
+        if not request.query.get("watch"):
+            return web.json_response({"kind": "List", "metadata": {"resourceVersion": "7"}, "items": [JOB]})
+        events = []
+        if self.succeed_after is not None:
+            await asyncio.sleep(self.succeed_after)
+            done = copy.deepcopy(JOB)
+            done["status"].update(phase="Succeeded", reason="Succeeded")
+            events.append({"type": "MODIFIED", "object": done})
+        return await self.watch(request, events)
+
+    @staticmethod
+    async def watch(request: web.Request, events: list[dict[str, Any]]) -> web.StreamResponse:
+        """A watch that sends these events and then nothing, until the client goes."""
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for event in events:
+            await response.write(json.dumps(event).encode() + b"\n")
+        await asyncio.sleep(3600)
+        return response
+
+    async def pods(self, request: web.Request) -> web.StreamResponse:
+        self.seen(request)
+        if request.query.get("watch"):
+            return await self.watch(request, [])
         wanted = dict(pair.split("=") for pair in request.query["labelSelector"].split(","))
         items = [p for p in PODS if wanted.items() <= p["metadata"]["labels"].items()]
         return web.json_response({"kind": "PodList", "metadata": {"resourceVersion": "7"}, "items": items})
@@ -101,13 +133,13 @@ async def api(tmp_path: pathlib.Path) -> AsyncIterator[tuple[FakeApi, pathlib.Pa
         yield fake, path
 
 
-async def phalanx(kubeconfig: pathlib.Path, *args: str) -> tuple[int, str, str]:
+async def start(kubeconfig: pathlib.Path, *args: str) -> asyncio.subprocess.Process:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "PYTHONPATH": f"{ROOT / 'operator'}{os.pathsep}{ROOT}",
         "HOME": str(kubeconfig.parent),
     }
-    process = await asyncio.create_subprocess_exec(
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "phalanx",
@@ -118,6 +150,10 @@ async def phalanx(kubeconfig: pathlib.Path, *args: str) -> tuple[int, str, str]:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def phalanx(kubeconfig: pathlib.Path, *args: str) -> tuple[int, str, str]:
+    process = await start(kubeconfig, *args)
     try:
         out, err = await asyncio.wait_for(process.communicate(), 60)
     finally:
@@ -151,6 +187,43 @@ async def test_logs_print_every_worker_of_the_current_attempt_in_turn_prefixed(
     ]
     logs = [query for path, query in fake.requests if path.endswith("/log")]
     assert logs == [{"container": "trainer", "tailLines": "2", "timestamps": "true"}] * 2
+
+
+async def test_logs_follow_streams_the_workers_until_the_job_succeeds(api: tuple[FakeApi, pathlib.Path]) -> None:
+    fake, kubeconfig = api
+    fake.succeed_after = 1.0
+    code, out, err = await phalanx(kubeconfig, "logs", "-f", "llama")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert [line for line in lines if line.startswith("[worker-0] ")] == [
+        "[worker-0] step=1 loss=2.0",
+        "[worker-0] step=2 loss=1.0",
+    ]
+    assert [line for line in lines if line.startswith("[worker-1] ")] == [
+        "[worker-1] step=1 loss=2.1",
+        "[worker-1] step=2 loss=1.1",
+    ]
+    assert len(lines) == 4 and err == ""  # worker 2 never started; attempt 0's pod is not followed
+    logs = [query for path, query in fake.requests if path.endswith("/log")]
+    assert logs == [{"container": "trainer", "follow": "true"}] * 2
+
+
+async def test_ctrl_c_ends_following_quietly_with_status_130(api: tuple[FakeApi, pathlib.Path]) -> None:
+    _, kubeconfig = api
+    process = await start(kubeconfig, "logs", "-f", "llama")
+    try:
+        assert process.stdout is not None and process.stderr is not None
+        lines = [await asyncio.wait_for(process.stdout.readline(), 30) for _ in range(4)]
+        assert all(line.startswith((b"[worker-0] ", b"[worker-1] ")) for line in lines), lines
+        process.send_signal(signal.SIGINT)  # the job still runs: only the user ends this
+        code = await asyncio.wait_for(process.wait(), 30)
+        err = await process.stderr.read()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert code == 130
+    assert b"Traceback" not in err, err.decode()
 
 
 async def test_logs_of_one_worker(api: tuple[FakeApi, pathlib.Path]) -> None:
