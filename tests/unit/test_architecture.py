@@ -1,4 +1,4 @@
-"""The import-linter contracts (layers, pure api and reconcile) hold."""
+"""The import-linter contracts (layers, pure api and reconcile, the CLI through cluster) hold."""
 
 from __future__ import annotations
 
