@@ -12,13 +12,14 @@ small API server would raise latency for every other client. Credentials come fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import ssl
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -39,6 +40,9 @@ CORE_RESOURCES: Mapping[str, str] = {"Pod": "pods", "Service": "services", "Even
 
 
 DEFAULT_MAX_IN_FLIGHT = 16  # requests at once (PHALANX_MAX_IN_FLIGHT)
+MAX_TEXT_LINE_BYTES = 1 << 20  # a longer log line is streamed in pieces
+# What a request may raise besides ApiError when the API server cannot be reached or stops answering.
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = (TimeoutError, aiohttp.ClientError, OSError)
 
 
 class ApiError(Exception):
@@ -49,6 +53,40 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+
+
+def api_error(status: int, text: str) -> ApiError:
+    """The error a response body describes (a Status object, or plain text from a proxy)."""
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError:
+        payload = None
+    if not isinstance(payload, dict):
+        payload = {"reason": "Unknown", "message": text}
+    return ApiError(status, str(payload.get("reason", "")), str(payload.get("message", text)))
+
+
+async def body_lines(chunks: AsyncIterable[bytes], max_line_bytes: int | None = None) -> AsyncIterator[bytes]:
+    """Split a streamed body into lines (each with its ``\\n``, the last one perhaps without). Unlike
+    aiohttp's readline, no line is too long (a watch event must arrive whole, however large the
+    object); ``max_line_bytes`` cuts longer lines into pieces instead."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        start = 0
+        while True:
+            end = pending.find(b"\n", start)
+            if max_line_bytes and (len(pending) if end == -1 else end) - start > max_line_bytes:
+                yield pending[start : start + max_line_bytes]
+                start += max_line_bytes
+            elif end == -1:
+                break
+            else:
+                yield pending[start : end + 1]
+                start = end + 1
+        pending = pending[start:]
+    if pending:
+        yield pending
 
 
 def resource_path(
@@ -309,40 +347,82 @@ class ApiClient:
             if delay is not None and (status == 429 or (status in RETRYABLE_STATUSES and repeatable)):
                 await asyncio.sleep(float(retry_after) if retry_after and retry_after.isdigit() else delay)
                 continue
-            try:
-                payload = json.loads(text)
-            except json.JSONDecodeError:
-                payload = {"reason": "Unknown", "message": text}
-            raise ApiError(status, str(payload.get("reason", "")), str(payload.get("message", text)))
+            raise api_error(status, text)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.asynccontextmanager
+    async def _stream(
+        self, path: str, params: Mapping[str, str], *, silence_seconds: float | None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """A long GET (a watch, a followed log) on connections of its own, holding no concurrency
+        slot; ``silence_seconds`` bounds the time between two reads, not the whole stream. A 401
+        logs in again and the request is sent once more: nothing has been read from it yet."""
+        stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=silence_seconds)
+        for retry in (True, False):
+            credentials = await self._fresh()
+            session = self._open_watches()
+            self.requests += 1
+            async with session.get(
+                path, params=params, headers=self._headers(credentials), timeout=stream_timeout, **self._options()
+            ) as response:
+                if response.status < 300:
+                    yield response
+                    return
+                text = await response.text()
+                if not (response.status == 401 and retry and await self._relogin(credentials)):
+                    raise api_error(response.status, text)
 
     async def watch(
         self, path: str, params: Mapping[str, str], *, silence_seconds: float
     ) -> AsyncIterator[dict[str, Any]]:
-        """Stream the events of one watch request until the server ends it.
-
-        A watch lasts minutes, so it holds no concurrency slot; ``silence_seconds`` bounds the
-        time between two lines (the server sends bookmarks), not the whole stream.
-        """
-        credentials = await self._fresh()
-        session = self._open_watches()
-        self.requests += 1
-        stream_timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=silence_seconds)
-        async with session.get(
-            path, params=params, headers=self._headers(credentials), timeout=stream_timeout, **self._options()
-        ) as response:
-            if response.status >= 300:
-                text = await response.text()
-                if response.status == 401:
-                    await self._relogin(credentials)  # the caller's next watch uses what it got
-                try:
-                    payload = json.loads(text)
-                except json.JSONDecodeError:
-                    payload = {"reason": "Unknown", "message": text}
-                raise ApiError(response.status, str(payload.get("reason", "")), str(payload.get("message", text)))
-            async for line in response.content:
+        """Stream the events of one watch request until the server ends it (the server sends
+        bookmarks, so ``silence_seconds`` can be short)."""
+        async with self._stream(path, params, silence_seconds=silence_seconds) as response:
+            async for line in body_lines(response.content.iter_any()):  # an event is one whole line
                 if line.strip():
                     yield json.loads(line)
+
+    async def stream_text(
+        self,
+        path: str,
+        params: Mapping[str, str],
+        *,
+        silence_seconds: float | None = None,
+        max_line_bytes: int = MAX_TEXT_LINE_BYTES,
+    ) -> AsyncIterator[str]:
+        """Stream a text body line by line (without line ends) as it arrives, until the server
+        ends it. A line longer than ``max_line_bytes`` (a progress bar redrawn with carriage
+        returns for hours) comes in pieces of that size; undecodable bytes are replaced."""
+        async with self._stream(path, params, silence_seconds=silence_seconds) as response:
+            async for line in body_lines(response.content.iter_any(), max_line_bytes):
+                yield line.decode(errors="replace").removesuffix("\n").removesuffix("\r")
+
+    async def pod_log(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        container: str | None = None,
+        follow: bool = False,
+        tail_lines: int | None = None,
+        since_seconds: int | None = None,
+        timestamps: bool = False,
+    ) -> AsyncIterator[str]:
+        """The lines of a pod's container log; with ``follow`` until the container ends. A
+        container that has not started yet is a 400 (BadRequest) from the API server."""
+        params: dict[str, str] = {}
+        if container:
+            params["container"] = container
+        if follow:
+            params["follow"] = "true"
+        if tail_lines is not None:
+            params["tailLines"] = str(tail_lines)
+        if since_seconds is not None:
+            params["sinceSeconds"] = str(since_seconds)
+        if timestamps:
+            params["timestamps"] = "true"
+        async for line in self.stream_text(resource_path("v1", "Pod", namespace, name) + "/log", params):
+            yield line
 
     async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Create an object by POST as the phalanx field manager; 409 if the name is taken.
@@ -439,6 +519,7 @@ class ApiClient:
         namespace: str | None = None,
         *,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         plural: str | None = None,
     ) -> list[dict[str, Any]]:
         """List objects (all pages)."""
@@ -446,6 +527,8 @@ class ApiClient:
         params: dict[str, str] = {"limit": "500"}
         if label_selector:
             params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
         while True:
             page = await self.request("GET", resource_path(api_version, kind, namespace, plural=plural), params=params)
             items.extend(page.get("items", []))

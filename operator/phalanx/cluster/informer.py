@@ -79,6 +79,7 @@ class Informer:
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         watch_seconds: int = 300,
         on_change: Callable[[Informer], None] | None = None,
         optional: bool = False,
@@ -88,6 +89,7 @@ class Informer:
         self.sink = sink
         self.namespace = namespace if resource.namespaced else None
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.watch_seconds = watch_seconds
         self.on_change = on_change
         self.optional = optional
@@ -104,7 +106,8 @@ class Informer:
         return f"{self.resource}{scope}"
 
     def _params(self) -> dict[str, str]:
-        return {"labelSelector": self.label_selector} if self.label_selector else {}
+        selectors = {"labelSelector": self.label_selector, "fieldSelector": self.field_selector}
+        return {key: value for key, value in selectors.items() if value}
 
     async def list_once(self) -> None:
         """List every page, then hand the whole result to the sink at once."""

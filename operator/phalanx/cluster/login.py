@@ -19,15 +19,18 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
 from kubernetes.client import Configuration
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import SERVICE_CERT_FILENAME, SERVICE_TOKEN_FILENAME, InClusterConfigLoader
-from kubernetes.config.kube_config import load_kube_config
+from kubernetes.config.kube_config import list_kube_config_contexts, load_kube_config
 
 logger = logging.getLogger(__name__)
 
 REFRESH_SECONDS = 30.0  # how often the package is asked whether credentials changed
 TOKEN_KEY = "BearerToken"  # where the package's loaders put the token
+SERVICE_NAMESPACE_FILENAME = os.path.join(os.path.dirname(SERVICE_TOKEN_FILENAME), "namespace")
+DEFAULT_NAMESPACE = "default"
 
 
 class LoginError(RuntimeError):
@@ -97,6 +100,45 @@ class Login:
             return False
         return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(SERVICE_TOKEN_FILENAME)
 
+    def _kubeconfig_files(self) -> str:
+        return self.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+
+    def _context_name(self, files: str) -> str | None:
+        """The context named, else kubectl's current context: that of the first file that sets
+        one (the package, left to itself, would take the last)."""
+        if self.context:
+            return self.context
+        for path in files.split(os.pathsep):
+            try:
+                config = yaml.safe_load(Path(path).expanduser().read_text()) if path else None
+            except (OSError, yaml.YAMLError):
+                continue  # the package's loader says what is wrong with it
+            if isinstance(config, dict) and config.get("current-context"):
+                return str(config["current-context"])
+        return None
+
+    def namespace(self) -> str:
+        """The namespace a command works in when it names none, chosen as kubectl chooses: in a pod
+        (service account) ``$POD_NAMESPACE`` or the account's own namespace, else the namespace of
+        the kubeconfig's context (``context`` or the current one); ``default`` when neither says."""
+        if self._use_service_account():
+            if os.environ.get("POD_NAMESPACE"):
+                return os.environ["POD_NAMESPACE"]
+            try:
+                return Path(SERVICE_NAMESPACE_FILENAME).read_text().strip() or DEFAULT_NAMESPACE
+            except OSError:
+                return DEFAULT_NAMESPACE
+        files = self._kubeconfig_files()
+        try:
+            contexts, current = list_kube_config_contexts(files)  # type: ignore[no-untyped-call]
+        except (ConfigException, OSError) as error:
+            raise LoginError(f"cannot read the kubeconfig {files}: {error}") from error
+        name = self._context_name(files) or (current or {}).get("name")
+        for context in contexts or []:
+            if context.get("name") == name:
+                return str((context.get("context") or {}).get("namespace") or DEFAULT_NAMESPACE)
+        raise LoginError(f"context {name!r} is not in the kubeconfig {files}")
+
     def _scratch_dir(self) -> Path:
         if self._scratch is None or not self._scratch.is_dir():
             self._scratch = Path(tempfile.mkdtemp(prefix="phalanx-login-"))
@@ -112,15 +154,16 @@ class Login:
                     loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
                     self._source = "service account"
                 else:
-                    files = self.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+                    files = self._kubeconfig_files()
+                    context = self._context_name(files)
                     load_kube_config(  # type: ignore[no-untyped-call]
                         config_file=files,
-                        context=self.context,
+                        context=context,
                         client_configuration=configuration,
                         persist_config=False,
                         temp_file_path=str(self._scratch_dir()),
                     )
-                    self._source = f"kubeconfig {files}" + (f" context {self.context}" if self.context else "")
+                    self._source = f"kubeconfig {files}" + (f" context {context}" if context else "")
             except (ConfigException, OSError) as error:
                 raise LoginError(f"cannot load Kubernetes credentials: {error}") from error
             self._configuration = configuration

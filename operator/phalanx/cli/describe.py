@@ -1,0 +1,46 @@
+"""``phalanx describe JOB``: a TrainingJob's status, its pods and the Events of both, as
+``kubectl describe`` shows an object (the text is made in ``describe_text``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from datetime import UTC, datetime
+
+from phalanx.cli import connection
+
+
+async def describe(args: argparse.Namespace) -> int:
+    from phalanx.api import v1alpha1 as api
+    from phalanx.cli import describe_text
+    from phalanx.reconcile import naming
+
+    async with connection.connect(args) as cluster:
+        job = await connection.get_job(cluster, args.job)
+        client, namespace = cluster.client, cluster.namespace
+        about_job = f"involvedObject.kind={api.KIND},involvedObject.name={args.job}"
+        pods, events_of_job, events_of_pods = await asyncio.gather(
+            client.list("v1", "Pod", namespace, label_selector=f"{naming.JOB_NAME_LABEL}={args.job}"),
+            client.list("v1", "Event", namespace, field_selector=about_job),
+            # one request for the Events of every pod, chosen by name afterwards: a field selector
+            # matches one name exactly, and deleted workers' Events (a failure) belong here too
+            client.list("v1", "Event", namespace, field_selector="involvedObject.kind=Pod"),
+        )
+    uid = str(job["metadata"].get("uid", ""))
+    ours = [pod for pod in pods if describe_text.owned_by(pod, uid)]
+    events = describe_text.job_events(job, events_of_job, events_of_pods)
+    sys.stdout.write(describe_text.describe(job, ours, events, datetime.now(UTC)))
+    return 0
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser(
+        "describe",
+        help="show a TrainingJob's status, pods and events",
+        description="Show a TrainingJob's status (phase, restarts and their budget, workers, last checkpoint,"
+        " conditions), the pods of its attempts and the recent Events of the job and its pods.",
+    )
+    parser.add_argument("job", metavar="JOB", help="name of the TrainingJob")
+    connection.add_options(parser)
+    parser.set_defaults(func=lambda args: connection.execute(args, lambda: describe(args)))

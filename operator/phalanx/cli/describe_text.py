@@ -1,0 +1,327 @@
+"""What ``phalanx describe`` prints, as pure functions of API bodies and the current time.
+
+The layout follows ``kubectl describe``: aligned ``Field:  value`` lines, then tables whose
+headers are underlined, ages as kubectl writes them (``45s``, ``3m12s``, ``5h``), ``<none>`` for
+what is empty, and Events sorted oldest first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from phalanx.reconcile import naming
+from phalanx.reconcile.observed import pod_record
+from phalanx.reconcile.status import parse_time
+
+NONE = "<none>"
+MAX_EVENTS = 40  # the newest are shown; older ones are counted
+FIELD_WIDTH = 20  # "Restarts By Reason:" and the values after it line up
+EARLIEST = datetime.min.replace(tzinfo=UTC)  # where an Event without any time sorts
+
+
+def human_duration(seconds: float) -> str:
+    """A duration as kubectl prints ages (apimachinery's ``duration.HumanDuration``)."""
+    whole = int(seconds)
+    if whole < -1:
+        return "<invalid>"
+    if whole < 0:
+        return "0s"
+    if whole < 120:
+        return f"{whole}s"
+    minutes = whole // 60
+    if minutes < 10:
+        rest = whole % 60
+        return f"{minutes}m{rest}s" if rest else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        rest = minutes % 60
+        return f"{hours}h{rest}m" if rest else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    days = hours // 24
+    if hours < 24 * 8:
+        rest = hours % 24
+        return f"{days}d{rest}h" if rest else f"{days}d"
+    if days < 365 * 2:
+        return f"{days}d"
+    years, rest = divmod(days, 365)
+    if years < 8 and rest:
+        return f"{years}y{rest}d"
+    return f"{years}y"
+
+
+def age(timestamp: str | None, now: datetime) -> str:
+    """How long ago an RFC 3339 time was; ``<unknown>`` without one."""
+    moment = parse_time(timestamp)
+    return human_duration((now - moment).total_seconds()) if moment else "<unknown>"
+
+
+def one_line(text: str | None) -> str:
+    """A multi-line message (a traceback in a termination message) as one table cell."""
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return " | ".join(lines)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Left-aligned columns under underlined headers; the last column is never padded."""
+    body = [[str(cell) for cell in row] for row in rows]
+    underline = ["-" * len(header) for header in headers]
+    everything = [list(headers), underline, *body]
+    widths = [max(len(row[column]) for row in everything) for column in range(len(headers) - 1)]
+    lines = []
+    for row in everything:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)] + [row[-1]]
+        lines.append((indent + "  ".join(cells)).rstrip())
+    return lines
+
+
+def field(name: str, value: object) -> str:
+    label = f"{name}:"
+    return f"{label.ljust(FIELD_WIDTH)}{value}".rstrip()
+
+
+def _time_and_age(timestamp: str | None, now: datetime) -> str:
+    return f"{timestamp} ({age(timestamp, now)} ago)" if timestamp else NONE
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether the job with ``uid`` controls ``obj`` (not a deleted predecessor of the same name)."""
+    references = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(reference.get("controller") and reference.get("uid") == uid for reference in references)
+
+
+def restart_budget(restarts: int, max_restarts: int) -> str:
+    """Counted restarts against failurePolicy.maxRestarts: a job fails once it exceeds them."""
+    left = max_restarts - restarts
+    verdict = f"{left} left" if left >= 0 else "exhausted"
+    return f"{restarts} of {max_restarts} allowed ({verdict})"
+
+
+def worker_counts(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
+    bounds = spec.get("workers") or {}
+    counts = status.get("workers") or {}
+    desired = counts.get("desired", bounds.get("desired", "?"))
+    text = f"desired {desired} (min {bounds.get('min', '?')}, max {bounds.get('max', '?')})"
+    text += f", active {counts.get('active', 0)}, ready {counts.get('ready', 0)}"
+    if counts.get("worldSize") is not None:
+        text += f", world size {counts['worldSize']}"
+    return text
+
+
+def pod_state(pod: Mapping[str, Any]) -> str:
+    """The trainer container's state as a word and why: ``Running``, ``Pending (ContainerCreating)``,
+    ``Terminated (Error, exit 1)``; a pod being deleted says so."""
+    record = pod_record(pod)
+    if record.exit_code is not None or record.terminated_reason:
+        code = None if record.exit_code is None else f"exit {record.exit_code}"
+        state = f"Terminated ({', '.join(part for part in (record.terminated_reason, code) if part)})"
+    elif record.reason:  # the kubelet's verdict on the pod as a whole (Evicted, NodeLost)
+        state = f"{record.phase} ({record.reason})"
+    elif record.waiting_reason:
+        state = f"{record.phase} ({record.waiting_reason})"
+    elif record.unschedulable_message is not None:
+        state = f"{record.phase} (Unschedulable)"
+    else:
+        state = record.phase
+    return f"{state}, terminating" if record.deleting else state
+
+
+def container_restarts(pod: Mapping[str, Any]) -> int:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return sum(int(status.get("restartCount") or 0) for status in statuses)
+
+
+@dataclass(frozen=True)
+class PodRow:
+    """One pod of the job in the table, with where it sorts."""
+
+    order: tuple[int, int, int, str]
+    cells: tuple[str, ...]
+
+
+def pod_row(pod: Mapping[str, Any], current_attempt: int, now: datetime) -> PodRow:
+    record = pod_record(pod)
+    metadata = pod.get("metadata") or {}
+    ready = "True" if record.ready else "False"
+    if record.role == naming.ROLE_RENDEZVOUS:
+        worker, attempt, group = "store", "-", 1
+    else:
+        worker = str(record.index) if record.index is not None else "?"
+        attempt = str(record.attempt) if record.attempt is not None else "?"
+        group = 0 if record.attempt == current_attempt else 2
+    order = (group, -(record.attempt or 0), record.index if record.index is not None else -1, record.name)
+    cells = (
+        record.name,
+        worker,
+        attempt,
+        record.node_name or NONE,
+        pod_state(pod),
+        ready,
+        str(container_restarts(pod)),
+        age(metadata.get("creationTimestamp"), now),
+        record.pod_ip or NONE,
+    )
+    return PodRow(order, cells)
+
+
+def event_time(event: Mapping[str, Any]) -> str:
+    """When an Event last happened: Events written through events.k8s.io carry eventTime and a
+    series, older writers firstTimestamp/lastTimestamp."""
+    series = event.get("series") or {}
+    return str(
+        series.get("lastObservedTime")
+        or event.get("lastTimestamp")
+        or event.get("eventTime")
+        or event.get("firstTimestamp")
+        or (event.get("metadata") or {}).get("creationTimestamp")
+        or ""
+    )
+
+
+def event_age(event: Mapping[str, Any], now: datetime) -> str:
+    """As kubectl: ``3m``, or ``10s (x4 over 2m)`` for an Event seen repeatedly."""
+    series = event.get("series")
+    if series:
+        return f"{age(event_time(event), now)} (x{series.get('count', 1)} over {age(event.get('eventTime'), now)})"
+    if int(event.get("count") or 1) > 1:
+        first = event.get("firstTimestamp") or event.get("eventTime")
+        return f"{age(event_time(event), now)} (x{event['count']} over {age(first, now)})"
+    return age(event.get("firstTimestamp") or event_time(event), now)
+
+
+def event_source(event: Mapping[str, Any]) -> str:
+    return str((event.get("source") or {}).get("component") or event.get("reportingComponent") or "")
+
+
+def job_pod_name_pattern(job_name: str) -> re.Pattern[str]:
+    """The names of the pods a job makes: its workers and its rendezvous store."""
+    worker = re.escape(naming.worker_pod_name(job_name, 0)).removesuffix("0")
+    return re.compile(f"^(?:{worker}[0-9]+|{re.escape(naming.rendezvous_name(job_name))})$")
+
+
+def job_events(
+    job: Mapping[str, Any], job_events: Iterable[Mapping[str, Any]], pod_events: Iterable[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The Events of the job itself and of the pods it made (by name, so deleted workers' Events
+    count too), since the job was created (not a predecessor's of the same name), oldest first
+    (as kubectl orders them, and stored order within a second)."""
+    metadata = job.get("metadata") or {}
+    uid, created = metadata.get("uid"), parse_time(metadata.get("creationTimestamp"))
+    names = job_pod_name_pattern(str(metadata.get("name", "")))
+    chosen = [event for event in job_events if (event.get("involvedObject") or {}).get("uid") in (uid, None, "")]
+    for event in pod_events:
+        if not names.match(str((event.get("involvedObject") or {}).get("name", ""))):
+            continue
+        happened = parse_time(event_time(event) or None)
+        if created is None or happened is None or happened >= created:
+            chosen.append(event)
+    return sorted(chosen, key=_event_order)
+
+
+def _event_order(event: Mapping[str, Any]) -> tuple[datetime, int]:
+    """By time; Events of the same second (core/v1 times have no fraction) in the order the API
+    server stored them: resourceVersions are etcd revisions here, though clients may not rely on
+    that for anything but this tie."""
+    version = str((event.get("metadata") or {}).get("resourceVersion", ""))
+    return parse_time(event_time(event) or None) or EARLIEST, int(version) if version.isdigit() else 0
+
+
+def _conditions(status: Mapping[str, Any], now: datetime) -> list[str]:
+    conditions = status.get("conditions") or []
+    if not conditions:
+        return [field("Conditions", NONE)]
+    rows = [
+        (
+            str(c.get("type", "")),
+            str(c.get("status", "")),
+            str(c.get("reason", "")),
+            age(c.get("lastTransitionTime"), now),
+            one_line(c.get("message")),
+        )
+        for c in conditions
+    ]
+    return ["Conditions:", *table(("Type", "Status", "Reason", "Age", "Message"), rows)]
+
+
+def _pods(pods: Iterable[Mapping[str, Any]], current_attempt: int, now: datetime) -> list[str]:
+    rows = sorted((pod_row(pod, current_attempt, now) for pod in pods), key=lambda row: row.order)
+    if not rows:
+        return [field("Pods", NONE)]
+    headers = ("Name", "Worker", "Attempt", "Node", "State", "Ready", "Restarts", "Age", "IP")
+    return [f"Pods (current attempt {current_attempt} first):", *table(headers, (row.cells for row in rows))]
+
+
+def _events(events: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
+    if not events:
+        return [field("Events", NONE)]
+    shown = events[-MAX_EVENTS:]
+    rows = [
+        (
+            str(event.get("type", "")),
+            str(event.get("reason", "")),
+            event_age(event, now),
+            event_source(event),
+            f"{str((event.get('involvedObject') or {}).get('kind', '')).lower()}/"
+            f"{(event.get('involvedObject') or {}).get('name', '')}",
+            one_line(event.get("message")),
+        )
+        for event in shown
+    ]
+    heading = "Events:" if len(shown) == len(events) else f"Events ({len(events) - len(shown)} older not shown):"
+    return [heading, *table(("Type", "Reason", "Age", "From", "Object", "Message"), rows)]
+
+
+def describe(
+    job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], now: datetime
+) -> str:
+    """The whole ``phalanx describe`` text for a TrainingJob, its pods and the Events of both
+    (``job_events`` chooses and orders them)."""
+    metadata = job.get("metadata") or {}
+    spec = job.get("spec") or {}
+    status = job.get("status") or {}
+    attempt = int(status.get("attempt") or 0)
+    max_restarts = int((spec.get("failurePolicy") or {}).get("maxRestarts", 3))
+    lines = [
+        field("Name", metadata.get("name", "")),
+        field("Namespace", metadata.get("namespace", "")),
+        field("Created", _time_and_age(metadata.get("creationTimestamp"), now)),
+        field("Phase", status.get("phase") or NONE),
+        field("Reason", status.get("reason") or NONE),
+    ]
+    message = (status.get("message") or "").strip().splitlines() or [NONE]
+    lines.append(field("Message", message[0]))
+    lines += [" " * FIELD_WIDTH + line.rstrip() for line in message[1:]]
+    lines += [
+        field("Attempt", attempt),
+        field("Restarts", restart_budget(int(status.get("restarts") or 0), max_restarts)),
+    ]
+    by_reason = status.get("restartsByReason") or {}
+    if by_reason:
+        lines.append("Restarts By Reason:")
+        lines += [field(f"  {reason}", count) for reason, count in sorted(by_reason.items())]
+    else:
+        lines.append(field("Restarts By Reason", NONE))
+    lines.append(field("Workers", worker_counts(spec, status)))
+    checkpoint = status.get("lastCheckpoint")
+    if checkpoint:
+        stamp = checkpoint.get("time")
+        lines.append(field("Last Checkpoint", f"step {checkpoint.get('step')} at {_time_and_age(stamp, now)}"))
+    else:
+        lines.append(field("Last Checkpoint", NONE))
+    lines.append(field("Started", _time_and_age(status.get("startTime"), now)))
+    if status.get("completionTime"):
+        lines.append(field("Completed", _time_and_age(status.get("completionTime"), now)))
+    not_before = parse_time(status.get("restartNotBefore"))
+    if not_before is not None and not_before > now and status.get("phase") == "Restarting":
+        wait = human_duration((not_before - now).total_seconds())
+        lines.append(field("Next Attempt", f"not before {status['restartNotBefore']} (in {wait})"))
+    lines += _conditions(status, now)
+    lines += _pods(pods, attempt, now)
+    lines += _events(events, now)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,490 @@
+"""``phalanx describe`` text from API bodies shaped as the API server returns them: a job that lost
+a worker (counted) and then restarted its gang, with pods of two attempts, its store, and Events
+of the job and its pods (core/v1 and events.k8s.io writers)."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from phalanx.cli import describe_text
+from phalanx.cli.describe_text import human_duration
+
+NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+UID = "0b6f3f9e-5a0c-4c1e-9d55-4a2b7c1d0e11"
+OWNER = {
+    "apiVersion": "phalanx.dev/v1alpha1",
+    "kind": "TrainingJob",
+    "name": "llama",
+    "uid": UID,
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+
+JOB: dict[str, Any] = {
+    "apiVersion": "phalanx.dev/v1alpha1",
+    "kind": "TrainingJob",
+    "metadata": {
+        "name": "llama",
+        "namespace": "research",
+        "uid": UID,
+        "generation": 1,
+        "creationTimestamp": "2026-03-01T11:00:00Z",
+    },
+    "spec": {
+        "workers": {"min": 2, "max": 4, "desired": 3},
+        "failurePolicy": {"maxRestarts": 3, "backoffSeconds": 10},
+        "template": {"spec": {"containers": [{"name": "trainer", "image": "example/train:1"}]}},
+    },
+    "status": {
+        "observedGeneration": 1,
+        "phase": "Running",
+        "reason": "WorkersReady",
+        "message": "3/3 workers ready",
+        "attempt": 1,
+        "restarts": 2,
+        "restartsByReason": {"WorkerFailed": 1, "OOMKilled": 1, "NodeLost": 1},
+        "workers": {"desired": 3, "active": 3, "ready": 2, "worldSize": 12},
+        "lastCheckpoint": {"step": 1200, "time": "2026-03-01T11:57:30Z"},
+        "startTime": "2026-03-01T11:00:05Z",
+        "workerSummary": "2/3",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "WorkersReady",
+                "message": "3/3 workers ready",
+                "observedGeneration": 1,
+                "lastTransitionTime": "2026-03-01T11:50:00Z",
+            },
+            {
+                "type": "Reconciling",
+                "status": "False",
+                "reason": "WorkersReady",
+                "message": "",
+                "observedGeneration": 1,
+                "lastTransitionTime": "2026-03-01T11:50:00Z",
+            },
+        ],
+    },
+}
+
+
+def pod(
+    name: str,
+    *,
+    role: str = "worker",
+    index: int | None = None,
+    attempt: int | None = None,
+    state: dict[str, Any] | None = None,
+    phase: str = "Running",
+    ready: bool = True,
+    node: str | None = "gpu-node-1",
+    ip: str | None = "10.244.1.7",
+    created: str = "2026-03-01T11:49:00Z",
+    restarts: int = 0,
+    deleting: bool = False,
+    owner: dict[str, Any] = OWNER,
+) -> dict[str, Any]:
+    labels = {"phalanx.dev/job-name": "llama", "phalanx.dev/role": role, "app.kubernetes.io/managed-by": "phalanx"}
+    if index is not None:
+        labels["phalanx.dev/worker-index"] = str(index)
+    if attempt is not None:
+        labels["phalanx.dev/attempt"] = str(attempt)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": "research",
+        "uid": f"uid-{name}-{attempt}",
+        "labels": labels,
+        "annotations": {"phalanx.dev/trainer-container": "trainer"},
+        "ownerReferences": [owner],
+        "creationTimestamp": created,
+    }
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-03-01T11:59:50Z"
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"containers": [{"name": "trainer", "image": "example/train:1"}]},
+        "status": {
+            "phase": phase,
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": created},
+                {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": created},
+            ],
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "ready": ready,
+                    "restartCount": restarts,
+                    "image": "example/train:1",
+                    "state": state or {"running": {"startedAt": created}},
+                }
+            ],
+        },
+    }
+    if node:
+        body["spec"]["nodeName"] = node
+    if ip:
+        body["status"]["podIP"] = ip
+    return body
+
+
+PODS = [
+    pod("llama-worker-1", index=1, attempt=1, node="gpu-node-2", ip="10.244.2.9"),
+    pod("llama-worker-0", index=0, attempt=1),
+    pod(
+        "llama-worker-2",
+        index=2,
+        attempt=1,
+        phase="Pending",
+        ready=False,
+        ip=None,
+        state={"waiting": {"reason": "ContainerCreating"}},
+        created="2026-03-01T11:59:30Z",
+    ),
+    pod("llama-rdzv", role="rendezvous", node="gpu-node-1", ip="10.244.1.2", created="2026-03-01T11:00:01Z"),
+    pod(
+        "llama-worker-0",
+        index=0,
+        attempt=0,
+        phase="Failed",
+        ready=False,
+        deleting=True,
+        created="2026-03-01T11:00:02Z",
+        state={"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": "2026-03-01T11:00:10Z"}},
+    ),
+]
+
+
+def event(
+    name: str,
+    kind: str,
+    reason: str,
+    message: str,
+    *,
+    last: str,
+    first: str | None = None,
+    count: int = 1,
+    type_: str = "Normal",
+    component: str = "kubelet",
+    uid: str = "",
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{name}.{reason.lower()}", "namespace": "research", "creationTimestamp": last},
+        "involvedObject": {"kind": kind, "name": name, "namespace": "research", "uid": uid},
+        "reason": reason,
+        "message": message,
+        "type": type_,
+        "source": {"component": component, "host": "gpu-node-1"},
+        "firstTimestamp": first or last,
+        "lastTimestamp": last,
+        "count": count,
+    }
+
+
+SCHEDULED = {  # written through events.k8s.io/v1 by the scheduler: eventTime, no timestamps, no source
+    "apiVersion": "v1",
+    "kind": "Event",
+    "metadata": {"name": "llama-worker-2.sched", "namespace": "research", "creationTimestamp": "2026-03-01T11:59:30Z"},
+    "involvedObject": {"kind": "Pod", "name": "llama-worker-2", "namespace": "research", "uid": "uid-llama-worker-2-1"},
+    "reason": "Scheduled",
+    "message": "Successfully assigned research/llama-worker-2 to gpu-node-1",
+    "type": "Normal",
+    "source": {},
+    "reportingComponent": "default-scheduler",
+    "eventTime": "2026-03-01T11:59:30.412345Z",
+    "firstTimestamp": None,
+    "lastTimestamp": None,
+}
+JOB_EVENTS = [
+    event(
+        "llama",
+        "TrainingJob",
+        "WorkerFailed",
+        "worker llama-worker-1 exited with code 1: RuntimeError: CUDA error\nTraceback (most recent call last):",
+        last="2026-03-01T11:20:00Z",
+        type_="Warning",
+        component="phalanx",
+        uid=UID,
+    ),
+    event(
+        "llama",
+        "TrainingJob",
+        "GangRestart",
+        "fewer than 2 workers left; restarting the gang as attempt 1",
+        last="2026-03-01T11:48:00Z",
+        type_="Warning",
+        component="phalanx",
+        uid=UID,
+    ),
+    # a deleted predecessor of the same name
+    event("llama", "TrainingJob", "Succeeded", "old news", last="2026-03-01T10:00:00Z", component="phalanx", uid="old"),
+]
+POD_EVENTS = [
+    SCHEDULED,
+    event(
+        "llama-worker-0",
+        "Pod",
+        "Pulled",
+        'Container image "example/train:1" already present on machine',
+        last="2026-03-01T11:49:05Z",
+        first="2026-03-01T11:00:05Z",
+        count=2,
+    ),
+    event("other-worker-0", "Pod", "Pulled", "not this job's", last="2026-03-01T11:49:05Z"),
+    event("llama-worker-0", "Pod", "Pulled", "before this job existed", last="2026-03-01T10:30:00Z"),
+]
+
+
+def render(job: dict[str, Any] = JOB, pods: list[dict[str, Any]] = PODS) -> str:
+    events = describe_text.job_events(job, JOB_EVENTS, POD_EVENTS)
+    return describe_text.describe(job, pods, events, NOW)
+
+
+def section(text: str, heading: str) -> list[list[str]]:
+    """The rows (split on runs of 2+ spaces) of the table under a heading, header row first."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("  "):
+            break
+        rows.append([cell for cell in line.strip().split("  ") if cell.strip()])
+    return [[cell.strip() for cell in row] for row in rows if not set(row[0]) <= {"-"}]
+
+
+def fields(text: str) -> dict[str, str]:
+    found = {}
+    for line in text.splitlines():
+        if not line.startswith(" ") and ":" in line:
+            key, _, value = line.partition(":")
+            found[key] = value.strip()
+    return found
+
+
+def test_the_status_fields() -> None:
+    got = fields(render())
+    assert got["Name"] == "llama" and got["Namespace"] == "research"
+    assert got["Created"] == "2026-03-01T11:00:00Z (60m ago)"
+    assert (got["Phase"], got["Reason"], got["Message"]) == ("Running", "WorkersReady", "3/3 workers ready")
+    assert got["Attempt"] == "1"
+    assert got["Restarts"] == "2 of 3 allowed (1 left)"
+    assert got["Workers"] == "desired 3 (min 2, max 4), active 3, ready 2, world size 12"
+    assert got["Last Checkpoint"] == "step 1200 at 2026-03-01T11:57:30Z (2m30s ago)"
+    assert got["Started"] == "2026-03-01T11:00:05Z (59m ago)"
+    assert "Completed" not in got and "Next Attempt" not in got
+
+
+def test_restarts_by_reason_are_listed_one_per_line_in_order() -> None:
+    lines = render().splitlines()
+    start = lines.index("Restarts By Reason:")
+    assert [line.split() for line in lines[start + 1 : start + 4]] == [
+        ["NodeLost:", "1"],
+        ["OOMKilled:", "1"],
+        ["WorkerFailed:", "1"],
+    ]
+
+
+def test_the_conditions_table() -> None:
+    rows = section(render(), "Conditions:")
+    assert rows == [
+        ["Type", "Status", "Reason", "Age", "Message"],
+        ["Ready", "True", "WorkersReady", "10m", "3/3 workers ready"],
+        ["Reconciling", "False", "WorkersReady", "10m"],
+    ]
+
+
+def test_the_pods_table_puts_the_current_attempt_first_then_the_store_then_older_attempts() -> None:
+    text = render()
+    rows = section(text, "Pods (current attempt 1 first):")
+    assert rows[0] == ["Name", "Worker", "Attempt", "Node", "State", "Ready", "Restarts", "Age", "IP"]
+    assert rows[1:] == [
+        ["llama-worker-0", "0", "1", "gpu-node-1", "Running", "True", "0", "11m", "10.244.1.7"],
+        ["llama-worker-1", "1", "1", "gpu-node-2", "Running", "True", "0", "11m", "10.244.2.9"],
+        ["llama-worker-2", "2", "1", "gpu-node-1", "Pending (ContainerCreating)", "False", "0", "30s", "<none>"],
+        ["llama-rdzv", "store", "-", "gpu-node-1", "Running", "True", "0", "59m", "10.244.1.2"],
+        [
+            "llama-worker-0",
+            "0",
+            "0",
+            "gpu-node-1",
+            "Terminated (OOMKilled, exit 137), terminating",
+            "False",
+            "0",
+            "59m",
+            "10.244.1.7",
+        ],
+    ]
+
+
+def test_events_of_the_job_and_its_pods_merged_oldest_first() -> None:
+    rows = section(render(), "Events:")
+    assert rows[0] == ["Type", "Reason", "Age", "From", "Object", "Message"]
+    assert rows[1:] == [
+        [
+            "Warning",
+            "WorkerFailed",
+            "40m",
+            "phalanx",
+            "trainingjob/llama",
+            "worker llama-worker-1 exited with code 1: RuntimeError: CUDA error | Traceback (most recent call last):",
+        ],
+        [
+            "Warning",
+            "GangRestart",
+            "12m",
+            "phalanx",
+            "trainingjob/llama",
+            "fewer than 2 workers left; restarting the gang as attempt 1",
+        ],
+        [
+            "Normal",
+            "Pulled",
+            "10m (x2 over 59m)",
+            "kubelet",
+            "pod/llama-worker-0",
+            'Container image "example/train:1" already present on machine',
+        ],
+        [
+            "Normal",
+            "Scheduled",
+            "29s",
+            "default-scheduler",
+            "pod/llama-worker-2",
+            "Successfully assigned research/llama-worker-2 to gpu-node-1",
+        ],
+    ]
+
+
+def test_a_job_without_status_pods_or_events_yet() -> None:
+    job = copy.deepcopy(JOB)
+    job["status"] = {"observedGeneration": 0}
+    text = describe_text.describe(job, [], [], NOW)
+    got = fields(text)
+    assert (got["Phase"], got["Reason"], got["Message"]) == ("<none>", "<none>", "<none>")
+    assert got["Restarts"] == "0 of 3 allowed (3 left)"
+    assert got["Restarts By Reason"] == "<none>"
+    assert got["Workers"] == "desired 3 (min 2, max 4), active 0, ready 0"
+    assert (got["Last Checkpoint"], got["Started"], got["Conditions"], got["Pods"], got["Events"]) == ("<none>",) * 5
+
+
+def test_a_failed_job_shows_its_spent_budget_completion_and_multi_line_message() -> None:
+    job = copy.deepcopy(JOB)
+    job["status"].update(
+        phase="Failed",
+        reason="RestartBudgetExhausted",
+        message="4 counted failures exceed failurePolicy.maxRestarts 3\nlast: llama-worker-1 OOMKilled",
+        restarts=4,
+        completionTime="2026-03-01T11:59:00Z",
+    )
+    text = render(job, [])
+    got = fields(text)
+    assert got["Restarts"] == "4 of 3 allowed (exhausted)"
+    assert got["Completed"] == "2026-03-01T11:59:00Z (60s ago)"
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("Message:"))
+    message, following = lines[at], lines[at + 1]
+    assert message.endswith("4 counted failures exceed failurePolicy.maxRestarts 3")
+    assert following == " " * describe_text.FIELD_WIDTH + "last: llama-worker-1 OOMKilled"
+
+
+def test_a_job_in_backoff_says_when_its_next_attempt_may_start() -> None:
+    job = copy.deepcopy(JOB)
+    job["status"].update(phase="Restarting", reason="Backoff", restartNotBefore="2026-03-01T12:00:40Z")
+    assert fields(render(job))["Next Attempt"] == "not before 2026-03-01T12:00:40Z (in 40s)"
+
+
+def test_pod_states() -> None:
+    failed = pod("a", index=0, attempt=0, phase="Failed", state={"terminated": {"exitCode": 1, "reason": "Error"}})
+    evicted = pod("b", index=1, attempt=0, phase="Failed")
+    evicted["status"].update(reason="Evicted", containerStatuses=[])
+    unschedulable = pod("c", index=2, attempt=0, phase="Pending", node=None)
+    unschedulable["status"] = {
+        "phase": "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes are available"}
+        ],
+    }
+    done = pod("d", index=3, attempt=0, phase="Succeeded", state={"terminated": {"exitCode": 0, "reason": "Completed"}})
+    assert [describe_text.pod_state(p) for p in (failed, evicted, unschedulable, done)] == [
+        "Terminated (Error, exit 1)",
+        "Failed (Evicted)",
+        "Pending (Unschedulable)",
+        "Terminated (Completed, exit 0)",
+    ]
+
+
+def test_only_pods_the_job_controls_count_as_its_own() -> None:
+    stranger = pod("llama-worker-0", index=0, attempt=0, owner={**OWNER, "uid": "predecessor"})
+    assert not describe_text.owned_by(stranger, UID)
+    assert describe_text.owned_by(PODS[0], UID)
+
+
+def test_event_names_of_a_jobs_pods() -> None:
+    pattern = describe_text.job_pod_name_pattern("a.b")
+    assert [bool(pattern.match(n)) for n in ("a.b-worker-0", "a.b-worker-12", "a.b-rdzv", "axb-worker-0")] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert not pattern.match("a.b-worker-worker-0") and not pattern.match("a.b-rdzv-x")
+
+
+def test_events_of_the_same_second_keep_the_order_they_were_stored_in() -> None:
+    stamp = "2026-03-01T11:50:00Z"
+    stored = [
+        event("llama", "TrainingJob", reason, "m", last=stamp, component="phalanx", uid=UID)
+        for reason in ("Rescaling", "WorkerFailed", "WorkersReady")
+    ]
+    for version, body in zip(("998", "999", "1000"), stored, strict=True):
+        body["metadata"]["resourceVersion"] = version
+    ordered = describe_text.job_events(JOB, list(reversed(stored)), [])
+    assert [e["reason"] for e in ordered] == ["Rescaling", "WorkerFailed", "WorkersReady"]
+
+
+def test_only_the_newest_events_are_shown_and_the_rest_counted() -> None:
+    many = [
+        event("llama", "TrainingJob", f"R{i}", "m", last=f"2026-03-01T11:{i:02d}:00Z", component="phalanx", uid=UID)
+        for i in range(describe_text.MAX_EVENTS + 5)
+    ]
+    text = describe_text.describe(JOB, [], describe_text.job_events(JOB, many, []), NOW)
+    rows = section(text, "Events (5 older not shown):")
+    assert len(rows) == 1 + describe_text.MAX_EVENTS
+    assert rows[1][1] == "R5" and rows[-1][1] == f"R{describe_text.MAX_EVENTS + 4}"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (-5, "<invalid>"),
+        (-1, "0s"),
+        (0, "0s"),
+        (119, "119s"),
+        (120, "2m"),
+        (150, "2m30s"),
+        (599, "9m59s"),
+        (600, "10m"),
+        (3 * 3600 - 1, "179m"),
+        (3 * 3600, "3h"),
+        (3 * 3600 + 60 * 5, "3h5m"),
+        (8 * 3600, "8h"),
+        (47 * 3600, "47h"),
+        (48 * 3600, "2d"),
+        (50 * 3600, "2d2h"),
+        (8 * 86400, "8d"),
+        (729 * 86400, "729d"),
+        (730 * 86400, "2y"),
+        (731 * 86400, "2y1d"),
+        (9 * 365 * 86400, "9y"),
+    ],
+)
+def test_ages_read_as_kubectl_writes_them(seconds: int, shown: str) -> None:
+    assert human_duration(seconds) == shown
