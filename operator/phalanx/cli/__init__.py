@@ -12,9 +12,9 @@ import os
 import sys
 
 from phalanx import __version__
-from phalanx.cli import generate, run
+from phalanx.cli import convert, generate, run
 
-COMMANDS = (generate, run)
+COMMANDS = (generate, run, convert)
 
 
 def _program_name() -> str:
