@@ -266,7 +266,8 @@ class _Converter:
         for key in order:
             if self.spec.get(key) not in (None, {}):
                 spec[key] = self.spec[key]
-        spec["template"] = self.template
+        # metadata before spec, as in any pod template
+        spec["template"] = {key: self.template[key] for key in ("metadata", "spec") if key in self.template}
         self.validate(spec)
         job = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": spec}
         return Conversion(job, tuple(sorted(self.notes, key=lambda note: note.path)))
@@ -401,13 +402,6 @@ class _Converter:
                     f"spec.pytorchReplicaSpecs.{self.master.key}/{self.worker.key}",
                     f"the Master and Worker templates differ ({shown}); every phalanx worker runs one "
                     "template, so make them equal (rank 0 can be told apart by RANK or by the worker index)",
-                )
-            if self.master.restart_policy != self.worker.restart_policy:
-                self.note(
-                    f"{self.worker.path}.restartPolicy",
-                    "review",
-                    f"Master has {self.master.restart_policy}, Worker {self.worker.restart_policy}; "
-                    "phalanx has one failure policy for all workers",
                 )
         template = copy.deepcopy(primary.template)
         for key in list(template):
@@ -609,43 +603,63 @@ class _Converter:
         command = [str(token) for token in trainer.get("command") or []]
         args = [str(token) for token in trainer.get("args") or []]
         self.has_command = bool(command)
+
+        def where(position: int) -> str:
+            if position < len(command):
+                return f"{self.trainer_path}.command[{position}]"
+            return f"{self.trainer_path}.args[{position - len(command)}]"
+
         # Without a command the image's entrypoint runs, whatever it is.
         invocation = torchrun.read(command + args) if command else torchrun.Invocation("other")
         self.option_values: dict[str, str | None] = {}
         drop: set[int] = set()
+        in_script: list[str] = []
         for option in invocation.options:
             if option.name not in PHALANX_TORCHRUN_OPTIONS:
                 continue
             self.option_values[option.name] = option.value
             if invocation.kind == "torchrun":
                 drop.update(range(option.index, option.index + option.length))
-                where = (
-                    f"{self.trainer_path}.command[{option.index}]"
-                    if option.index < len(command)
-                    else f"{self.trainer_path}.args[{option.index - len(command)}]"
-                )
-                self.note(where, "removed", f"torchrun option {option.text}: {self.option_reason(option)}")
+                reason = f"torchrun option {option.text}: {self.option_reason(option)}"
+                self.note(where(option.index), "removed", reason)
             else:
-                self.note(
-                    f"{self.trainer_path}.command",
-                    "review",
-                    f"the shell script passes torchrun {option.text}, which overrides phalanx's PET_* "
-                    "setting: remove it from the script",
+                in_script.append(option.text)
+        if invocation.kind == "shell" and (in_script or invocation.unknown_option):
+            problems = []
+            if in_script:
+                problems.append(
+                    f"it passes torchrun {', '.join(in_script)}, which override the PET_* phalanx sets: "
+                    "remove them from the script"
                 )
-        if invocation.unknown_option is not None:
+            if invocation.unknown_option:
+                problems.append(f"{invocation.unknown_option!r} is not a torchrun option (reading stopped there)")
+            self.note(f"{self.trainer_path}.command", "review", "a shell script runs torchrun; " + "; ".join(problems))
+        elif invocation.unknown_option is not None:
             self.note(
-                f"{self.trainer_path}.command",
+                where(invocation.unknown_index),
                 "review",
                 f"{invocation.unknown_option!r} is not a torchrun option; the options after it were not read",
             )
+        kept = [(position, token) for position, token in enumerate(command + args) if position not in drop]
         if drop:
-            tokens = [token for position, token in enumerate(command + args) if position not in drop]
             kept_command = len([p for p in range(len(command)) if p not in drop])
+            tokens = [token for _, token in kept]
             trainer["command"], trainer["args"] = tokens[:kept_command], tokens[kept_command:]
             for key in ("command", "args"):
                 if not trainer[key]:
                     del trainer[key]
-        self.hosts_in_command(command + args)
+        # Kubeflow's pod names (<job>-master-0, <job>-worker-N) written into what is left.
+        if self.job_name:
+            pattern = re.compile(rf"\b{re.escape(self.job_name)}-(master|worker)-\d+\b")
+            for position, token in kept:
+                found = pattern.search(token)
+                if found:
+                    self.note(
+                        where(position),
+                        "review",
+                        f"it names the Kubeflow pod {found.group(0)}; phalanx's pods are <name>-worker-<index>, "
+                        "and rank 0's address is MASTER_ADDR (launcher static) or found by the rendezvous (torchrun)",
+                    )
         return invocation
 
     def option_reason(self, option: torchrun.Option) -> str:
@@ -659,20 +673,6 @@ class _Converter:
         return reasons.get(
             option.name, "phalanx sets the rendezvous (PET_*) itself; this would point torchrun elsewhere"
         )
-
-    def hosts_in_command(self, tokens: list[str]) -> None:
-        """Kubeflow's pod names (<job>-master-0, <job>-worker-N) written into the command."""
-        if not self.job_name:
-            return
-        pattern = re.compile(rf"\b{re.escape(self.job_name)}-(master|worker)-\d+\b")
-        named = next((token for token in tokens if pattern.search(token)), None)
-        if named is not None:
-            self.note(
-                f"{self.trainer_path}.command",
-                "review",
-                f"{named!r} names a Kubeflow pod; phalanx's pods are <name>-worker-<index>, and rank 0's "
-                "address is MASTER_ADDR (launcher static) or found by the rendezvous (torchrun)",
-            )
 
     # -- launcher and processes ------------------------------------------------------------------
 
@@ -913,10 +913,11 @@ class _Converter:
                 "Never": "a failed pod failed the job",
             }.get(restart_policy, "a failed pod was restarted")
             which = keys[0] if len(keys) == 1 else "{" + ",".join(keys) + "}"
+            differ = "" if len(groups) == 1 else "; Master and Worker differ, but phalanx has one failure policy"
             self.note(
                 f"spec.pytorchReplicaSpecs.{which}.restartPolicy",
-                "mapped",
-                f"{shown}: {meaning}. phalanx pods never restart in place: {recovery}",
+                "mapped" if len(groups) == 1 else "review",
+                f"{shown}: {meaning}. phalanx pods never restart in place: {recovery}{differ}",
             )
         never = all(replica.restart_policy == "Never" for replica in replicas)
         limit = self.run_policy.get("backoffLimit")
@@ -971,16 +972,17 @@ class _Converter:
             )
         clean = run_policy.get("cleanPodPolicy")
         if clean is not None:
-            what = {
-                "Running": "phalanx does the same",
-                "None": "phalanx stops pods still running (after a 60 s grace on success) and keeps finished ones",
-                "All": "phalanx keeps finished pods (for their logs) until the job is deleted: "
-                "use spec.ttlSecondsAfterFinished to delete them with the job",
-            }.get(str(clean), "unknown value")
+            kubeflow_did = {
+                "None": "Kubeflow left every pod of a finished job as it was, running ones included",
+                "Running": "Kubeflow deleted the pods still running when the job finished, as phalanx does",
+                "All": "Kubeflow deleted every pod of a finished job; set spec.ttlSecondsAfterFinished to have "
+                "phalanx delete the job and its pods",
+            }.get(str(clean), "not a value Kubeflow knows")
             self.note(
                 "spec.runPolicy.cleanPodPolicy",
                 "not mapped",
-                f"{clean}: when a job ends phalanx deletes its running pods and keeps finished ones; {what}",
+                f"{clean}: {kubeflow_did}. When a job ends phalanx stops its running pods (after a 60 s grace on "
+                "success) and keeps finished ones, for their logs, until the job is deleted",
             )
         manager = run_policy.get("managedBy")
         if manager is not None:

@@ -92,6 +92,9 @@ class Invocation:
     unknown_option: str | None = None
     """An option before the script that torchrun does not have (reading stopped there)."""
 
+    unknown_index: int = -1
+    """Its position in the command line; -1 inside a shell script."""
+
 
 def canonical(option: str) -> str:
     """``--rdzv_endpoint`` and ``--rdzv-endpoint`` are one option."""
@@ -129,7 +132,7 @@ def _launcher_start(tokens: Sequence[str]) -> int | None:
     return None
 
 
-def _read_options(tokens: Sequence[str], start: int, *, in_shell: bool) -> tuple[list[Option], str | None]:
+def _read_options(tokens: Sequence[str], start: int, *, in_shell: bool) -> tuple[list[Option], int | None]:
     """torchrun's options from ``start`` up to the training script."""
     options: list[Option] = []
     position = start
@@ -154,7 +157,7 @@ def _read_options(tokens: Sequence[str], start: int, *, in_shell: bool) -> tuple
         written, equals, attached = token.partition("=")
         name = canonical(written)
         if not token.startswith("--") or (name not in FLAG_OPTIONS and name not in VALUE_OPTIONS):
-            return options, token
+            return options, position
         if name in FLAG_OPTIONS:
             options.append(Option(name, None, index, 1, token))
             position += 1
@@ -184,7 +187,7 @@ def _shell_words(script: str) -> list[str]:
     """The script's words; ``&&``, ``;`` and ``|`` are words of their own, so they end a command."""
     # A newline ends a command as ';' does; a backslash before it continues the line.
     script = script.replace("\\\n", " ").replace("\n", " ; ")
-    lexer = shlex.shlex(script, posix=True, punctuation_chars=True)
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")  # not (): $(VAR) stays one word
     lexer.whitespace_split = True
     try:
         return list(lexer)
@@ -197,7 +200,9 @@ def read(tokens: Sequence[str]) -> Invocation:
     start = _launcher_start(tokens)
     if start is not None:
         direct, stopped_at = _read_options(tokens, start, in_shell=False)
-        return Invocation("torchrun", tuple(direct), stopped_at)
+        if stopped_at is None:
+            return Invocation("torchrun", tuple(direct))
+        return Invocation("torchrun", tuple(direct), tokens[stopped_at], stopped_at)
     script = _shell_script(tokens)
     if script is None:
         return Invocation("other")
@@ -212,7 +217,8 @@ def read(tokens: Sequence[str]) -> Invocation:
         seen_torchrun = True
         options, stopped = _read_options(words, position + launcher, in_shell=True)
         found.extend(options)
-        unknown = unknown or stopped
+        if stopped is not None and unknown is None:
+            unknown = words[stopped]
     if not seen_torchrun:
         return Invocation("other")
     return Invocation("shell", tuple(found), unknown)
