@@ -167,7 +167,7 @@ def test_elastic_fixture() -> None:
 def test_cpu_demo_fixture() -> None:
     conversion = convert(load("cpu-demo"))
     assert conversion.job["metadata"] == {
-        "name": "torchrun-cpu",
+        "name": "cpu-demo",
         "namespace": "ml",
         "annotations": {"owner": "ml-platform"},
     }
@@ -1050,7 +1050,7 @@ def test_cli_reads_stdin_lists_and_skips_other_kinds(
     documents = list(yaml.safe_load_all(out))
     assert [(d["metadata"]["name"], d["metadata"]["namespace"]) for d in documents] == [
         ("dist-sendrecv", "team"),
-        ("torchrun-cpu", "team"),
+        ("cpu-demo", "team"),
     ]
     assert "stdin document 1 item 1: skipped: Service is not a PyTorchJob" in err
     assert "stdin document 3: skipped: Service is not a PyTorchJob" in err
