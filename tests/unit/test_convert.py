@@ -301,7 +301,6 @@ def test_kueue_fixture() -> None:
         "procsPerWorker": 4,
         "gpus": {"count": 4},
         "gang": {"scheduler": "kueue", "queue": "team-a-queue"},
-        "suspend": True,
     }
     assert spec["template"]["metadata"] == {"labels": {"kueue.x-k8s.io/priority-class": "batch-high"}}
     assert spec["template"]["spec"]["containers"] == [
@@ -324,8 +323,10 @@ def test_kueue_fixture() -> None:
         "spec.runPolicy.backoffLimit": "mapped",
         "spec.runPolicy.managedBy": "not mapped",
         "spec.runPolicy.schedulingPolicy.queue": "not mapped",
+        "spec.runPolicy.suspend": "removed",
     }
     found = notes(conversion)
+    assert "would never start" in found["spec.runPolicy.suspend"].reason
     assert "--nproc_per_node 4" in found[f"{MASTER_CONTAINER}.command[4]"].reason
     assert "PET_RDZV_ENDPOINT" in found[f"{MASTER_CONTAINER}.env[0]"].reason
     assert "(Kubeflow's default)" in found["spec.pytorchReplicaSpecs.{Master,Worker}.restartPolicy"].reason
@@ -916,6 +917,7 @@ def test_gang_scheduler_from_the_option_the_scheduler_name_or_the_kueue_label() 
     labelled = load("gang-kueue")
     off = convert(labelled, gang_scheduler="none")
     assert "gang" not in off.job["spec"]
+    assert off.job["spec"]["suspend"] is True  # without Kueue, suspended as it was
     assert "kueue.x-k8s.io/queue-name" not in off.job["metadata"].get("labels", {})
     assert actions(off)["metadata.labels[kueue.x-k8s.io/queue-name]"] == "not mapped"
     assert "metadata" not in off.job["spec"]["template"]

@@ -247,7 +247,7 @@ class _Converter:
         self.rendezvous()
         self.failure_policy()
         self.run_policy_fields()
-        self.gang(metadata)
+        self.gang()
         self.elastic_leftovers()
 
         spec: dict[str, Any] = {}
@@ -898,10 +898,10 @@ class _Converter:
 
         replicas = list(self.replicas.values())
         recovery = (
-            "a lost worker is replaced while workers.min survive, else the gang restarts from its latest checkpoint"
+            "a lost worker is replaced while workers.min survive, else the gang restarts"
             if self.spec["launcher"] == "torchrun"
-            else "a lost worker restarts the gang (launcher static), which resumes from its latest checkpoint"
-        )
+            else "a lost worker restarts the gang (launcher static)"
+        ) + " (resuming from the latest checkpoint when the job keeps them: spec.checkpoint)"
         groups: dict[tuple[str, bool], list[str]] = {}
         for replica in replicas:
             groups.setdefault((replica.restart_policy, replica.explicit_restart_policy), []).append(replica.key)
@@ -1006,7 +1006,7 @@ class _Converter:
 
     # -- gang scheduling -------------------------------------------------------------------------
 
-    def gang(self, metadata: dict[str, Any]) -> None:
+    def gang(self) -> None:
         pod_spec = self.template["spec"]
         scheduler_name = pod_spec.get("schedulerName")
         scheduler_path = f"{self.primary.path}.template.spec.schedulerName"
@@ -1032,6 +1032,13 @@ class _Converter:
                 f"spec.gang: scheduler kueue, queue {self.kueue_queue} (phalanx labels the worker pods; "
                 "the TrainingJob itself does not carry the label)",
             )
+            if self.spec.pop("suspend", False):
+                self.note(
+                    "spec.runPolicy.suspend",
+                    "removed",
+                    "Kueue suspends a queued PyTorchJob until it admits it; phalanx's Kueue integration holds the "
+                    "worker pods instead, so a suspended TrainingJob would never start",
+                )
         elif self.kueue_queue is not None:
             self.note(
                 f"metadata.labels[{KUEUE_QUEUE_LABEL}]",
