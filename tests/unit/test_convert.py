@@ -162,6 +162,7 @@ def test_elastic_fixture() -> None:
     assert "--rdzv_backend=c10d" in found[f"{WORKER_CONTAINER}.command[3]"].reason
     assert "--rdzv-endpoint elastic-echo-worker-0:23456" in found[f"{WORKER_CONTAINER}.command[4]"].reason
     assert "without limit" in found["spec.runPolicy.backoffLimit"].reason
+    assert "replaced while workers.min survive" in found["spec.pytorchReplicaSpecs.Worker.restartPolicy"].reason
 
 
 def test_cpu_demo_fixture() -> None:
@@ -198,6 +199,8 @@ def test_cpu_demo_fixture() -> None:
     }
     found = notes(conversion)
     assert "launcher torchrun with workers.min = max" in found["spec.elasticPolicy"].reason
+    assert "a lost worker restarts the gang" in found["spec.elasticPolicy"].reason
+    assert "(a fixed world)" in found["spec.pytorchReplicaSpecs.{Master,Worker}.restartPolicy"].reason
     assert "evictions, preemptions and lost nodes are free" in found["spec.runPolicy.backoffLimit"].reason
     assert "left every pod of a finished job" in found["spec.runPolicy.cleanPodPolicy"].reason
 
@@ -852,6 +855,13 @@ def test_a_shell_script_running_torchrun_is_kept_with_its_options_to_review() ->
     assert "shell script starts torchrun" in notes(conversion)["spec.elasticPolicy"].reason
     elastic_shell = with_container(elastic(), command=["sh", "-c", "exec torchrun --standalone train.py"])
     assert convert(elastic_shell).job["spec"]["launcher"] == "torchrun"
+
+
+def test_an_elastic_kueue_job_restarts_its_gang_for_any_lost_worker() -> None:
+    body = elastic(minReplicas=1, maxReplicas=4)
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
+    reason = notes(convert(body))["spec.pytorchReplicaSpecs.Worker.restartPolicy"].reason
+    assert "a Kueue pod group has a fixed size" in reason
 
 
 def test_elastic_job_without_torchrun_is_flagged() -> None:

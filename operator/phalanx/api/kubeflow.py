@@ -245,9 +245,9 @@ class _Converter:
         self.trainer()
         self.launcher_and_processes(source_spec)
         self.rendezvous()
-        self.failure_policy()
         self.run_policy_fields()
         self.gang()
+        self.failure_policy()
         self.elastic_leftovers()
 
         spec: dict[str, Any] = {}
@@ -692,9 +692,9 @@ class _Converter:
             self.note(
                 "spec.elasticPolicy",
                 "mapped",
-                "absent, and the command runs torchrun: launcher torchrun with workers.min = max, whose c10d "
-                "rendezvous on phalanx's store survives the loss of any worker (Kubeflow's static rendezvous "
-                "on the Master did not)",
+                "absent, and the command runs torchrun: launcher torchrun with workers.min = max, a c10d "
+                "rendezvous on phalanx's store pod (which no worker's loss takes down) instead of Kubeflow's "
+                "static one on the Master; a lost worker restarts the gang, as the world is fixed",
             )
         else:
             launcher = "static"
@@ -897,11 +897,14 @@ class _Converter:
                 policy["workerRestarts"] = clamped
 
         replicas = list(self.replicas.values())
-        recovery = (
-            "a lost worker is replaced while workers.min survive, else the gang restarts"
-            if self.spec["launcher"] == "torchrun"
-            else "a lost worker restarts the gang (launcher static)"
-        ) + " (resuming from the latest checkpoint when the job keeps them: spec.checkpoint)"
+        workers = self.spec["workers"]
+        if self.spec["launcher"] == "static" or workers["min"] == workers["max"]:
+            recovery = "a lost worker restarts the gang (a fixed world)"
+        elif self.spec.get("gang", {}).get("scheduler") == "kueue":
+            recovery = "a lost worker restarts the gang (a Kueue pod group has a fixed size)"
+        else:
+            recovery = "a lost worker is replaced while workers.min survive, else the gang restarts"
+        recovery += " (resuming from the latest checkpoint when the job keeps them: spec.checkpoint)"
         groups: dict[tuple[str, bool], list[str]] = {}
         for replica in replicas:
             groups.setdefault((replica.restart_policy, replica.explicit_restart_policy), []).append(replica.key)
