@@ -158,7 +158,7 @@ def test_elastic_fixture() -> None:
     found = notes(conversion)
     assert "scale subresource" in found["spec.elasticPolicy.metrics"].reason
     assert "read_timeout=60" in found["spec.elasticPolicy.rdzvConf[2]"].reason
-    assert "one process per CPU of the node" in found["spec.nprocPerNode"].reason
+    assert "one process per CPU it may run on" in found["spec.nprocPerNode"].reason
     assert "--rdzv_backend=c10d" in found[f"{WORKER_CONTAINER}.command[3]"].reason
     assert "--rdzv-endpoint elastic-echo-worker-0:23456" in found[f"{WORKER_CONTAINER}.command[4]"].reason
     assert "without limit" in found["spec.runPolicy.backoffLimit"].reason
@@ -564,7 +564,7 @@ REFUSED = [
         "spec.pytorchReplicaSpecs.Worker",
         "required with elasticPolicy",
     ),
-    ("nprocPerNode cpu", _set("spec.nprocPerNode", "cpu"), "spec.nprocPerNode", "os.cpu_count()"),
+    ("nprocPerNode cpu", _set("spec.nprocPerNode", "cpu"), "spec.nprocPerNode", "depends on placement"),
     ("nprocPerNode xpu", _set("spec.nprocPerNode", "xpu"), "spec.nprocPerNode", "'xpu' is not supported"),
     ("nprocPerNode gpu without GPUs", _set("spec.nprocPerNode", "gpu"), "spec.nprocPerNode", "'gpu' needs GPUs"),
     ("nprocPerNode 0", _set("spec.nprocPerNode", "0"), "spec.nprocPerNode", "1 to 256"),

@@ -744,9 +744,9 @@ class _Converter:
         if value == "cpu":
             raise ConversionError(
                 path,
-                "'cpu' starts one process per CPU of the node the pod lands on (os.cpu_count(), not the "
-                "container's CPU limit), so the world size depends on placement; phalanx needs a fixed "
-                "number: set nprocPerNode to it",
+                "'cpu' starts one process per CPU the pod may run on (usually every CPU of the node it lands "
+                "on, whatever the container's CPU limit), so the world size depends on placement; phalanx "
+                "needs a fixed number: set nprocPerNode to it",
             )
         if value.isdigit():
             count = int(value)
@@ -779,7 +779,8 @@ class _Converter:
             self.note(
                 path,
                 "mapped",
-                f"{shown}: on a pod without GPUs torchrun started one process per CPU of the node; phalanx "
+                f"{shown}: on a pod without GPUs torchrun started one process per CPU it may run on (usually "
+                "every CPU of the node); phalanx "
                 "starts procsPerWorker processes, 1 by default: set procsPerWorker for more",
             )
 
