@@ -778,6 +778,15 @@ def test_command_line_options_win_over_the_policy_as_they_did_under_kubeflow() -
         assert found[f"{WORKER_CONTAINER}.args[{position}]"] == "removed"
 
 
+def test_option_values_expanded_at_run_time_are_removed_but_not_carried() -> None:
+    body = with_container(elastic(maxRestarts=4), command=["torchrun", "--nproc_per_node=$(NPROC)", "train.py"])
+    body["spec"]["nprocPerNode"] = "3"
+    conversion = convert(body)
+    assert conversion.job["spec"]["procsPerWorker"] == 3
+    assert conversion.job["spec"]["template"]["spec"]["containers"][0]["command"] == ["torchrun", "train.py"]
+    assert "only known at run time" in notes(conversion)[f"{WORKER_CONTAINER}.command[1]"].reason
+
+
 def test_static_gpu_job_with_automatic_processes_counts_one_per_pod_and_says_so() -> None:
     body = with_container(minimal(), command=None, resources={"limits": {"nvidia.com/gpu": "8"}})
     conversion = convert(body)

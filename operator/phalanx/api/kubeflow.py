@@ -617,10 +617,15 @@ class _Converter:
         for option in invocation.options:
             if option.name not in PHALANX_TORCHRUN_OPTIONS:
                 continue
-            self.option_values[option.name] = option.value
             if invocation.kind == "torchrun":
                 drop.update(range(option.index, option.index + option.length))
                 reason = f"torchrun option {option.text}: {self.option_reason(option)}"
+                carried = option.name in ("nproc-per-node", "max-restarts", "rdzv-conf")
+                if carried and option.value is not None and "$" in option.value:
+                    # $(VAR) is expanded by the kubelet: the value is unknown here.
+                    reason += "; its value is only known at run time, so it was not carried into the spec"
+                else:
+                    self.option_values[option.name] = option.value
                 self.note(where(option.index), "removed", reason)
             else:
                 in_script.append(option.text)
