@@ -522,11 +522,6 @@ class _Converter:
         self.gpus(trainer)
         self.remove_port(trainer)
         self.command = self.clean_command(trainer)
-        trainer["env"] = [
-            var
-            for var in trainer.get("env") or []
-            if not (isinstance(var, Mapping) and var.get("name") == "PYTHONUNBUFFERED")
-        ] + [{"name": "PYTHONUNBUFFERED", "value": "1"}]  # Kubeflow sets it for every container, after the user's
 
     def gpus(self, trainer: dict[str, Any]) -> None:
         resources = _mapping(trainer.get("resources"), f"{self.trainer_path}.resources")
@@ -802,9 +797,10 @@ class _Converter:
                     "removed",
                     f"{name} is set by phalanx for launcher {launcher}; a container's own value would override it",
                 )
-            else:
+            elif name != "PYTHONUNBUFFERED":
                 kept.append(var)
-        trainer["env"] = kept
+        # Kubeflow appended PYTHONUNBUFFERED=1 to every container's own variables, so it won.
+        trainer["env"] = [*kept, {"name": "PYTHONUNBUFFERED", "value": "1"}]
 
     # -- rendezvous and failure policy -----------------------------------------------------------
 
