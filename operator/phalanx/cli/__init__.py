@@ -12,10 +12,10 @@ import os
 import sys
 
 from phalanx import __version__
-from phalanx.cli import describe, generate, logs, plan, run
+from phalanx.cli import convert, describe, generate, logs, plan, run
 
 # in the order `phalanx --help` lists them: before applying, while it runs, then the operator's own
-COMMANDS = (plan, describe, logs, generate, run)
+COMMANDS = (plan, convert, describe, logs, generate, run)
 
 
 def _program_name() -> str:
