@@ -1,14 +1,18 @@
-"""On the real node: Kubeflow's static launch contract (a plain `python` script that reads only
-MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK; and a non-elastic torchrun), and hang detection
-(a gang whose workers stop stepping is restarted from its checkpoint, reason NoProgress)."""
+"""On the real node: Kubeflow's static launch contract (a PyTorchJob whose plain `python` script
+reads only MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK, converted by `phalanx convert` and run
+unchanged; and a non-elastic torchrun), and hang detection (a gang whose workers stop stepping is
+restarted from its checkpoint, reason NoProgress)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import textwrap
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.cluster.kube import Kubectl
 from tests.e2e.test_training import logs, status, wait_phase
@@ -101,15 +105,57 @@ def job(
     }
 
 
-def test_a_plain_python_script_and_a_static_torchrun_use_kubeflows_variables(
+def pytorchjob(name: str, workers: int, command: list[str]) -> dict[str, Any]:
+    """A Kubeflow PyTorchJob of one Master and ``workers`` Workers, as Kubeflow's examples write one."""
+
+    def replica(replicas: int) -> dict[str, Any]:
+        container = {
+            "name": "pytorch",
+            "image": "phalanx.local/trainer:dev",
+            "imagePullPolicy": "Never",
+            "command": command,
+            "volumeMounts": [{"name": "scripts", "mountPath": "/scripts"}],
+            "resources": {"requests": {"cpu": "100m", "memory": "384Mi"}, "limits": {"cpu": "1"}},
+        }
+        volumes = [{"name": "scripts", "configMap": {"name": "scripts"}}]
+        return {
+            "replicas": replicas,
+            "restartPolicy": "OnFailure",
+            "template": {"spec": {"containers": [container], "volumes": volumes}},
+        }
+
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name},
+        "spec": {
+            "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(workers)},
+            "runPolicy": {"backoffLimit": 0},
+        },
+    }
+
+
+def converted(body: dict[str, Any]) -> dict[str, Any]:
+    """`phalanx convert -`, as a user runs it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "phalanx", "convert", "-"],
+        input=yaml.safe_dump(body),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    job: dict[str, Any] = yaml.safe_load(done.stdout)
+    return job
+
+
+def test_a_converted_pytorchjob_with_a_plain_python_script_and_a_static_torchrun_train(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
     kubectl.create(scripts_configmap("scripts", **{"sendrecv.py": SENDRECV}), namespace=namespace)
+    plain = converted(pytorchjob("plain", 2, ["python", "/scripts/sendrecv.py"]))
+    assert plain["spec"]["launcher"] == "static" and plain["spec"]["workers"]["max"] == 3
+    kubectl.create(plain, namespace=namespace)
     fixed = {"launcher": "static", "failurePolicy": {"maxRestarts": 0}}
-    kubectl.create(
-        job("plain", {**fixed, "workers": {"min": 3, "max": 3, "desired": 3}}, ["python", "/scripts/sendrecv.py"]),
-        namespace=namespace,
-    )
     kubectl.create(
         job(
             "static-torchrun",
@@ -118,9 +164,9 @@ def test_a_plain_python_script_and_a_static_torchrun_use_kubeflows_variables(
         ),
         namespace=namespace,
     )
-    plain = wait_phase(kubectl, namespace, "plain", "Succeeded", timeout=300)
-    assert plain["restarts"] == 0 and plain["attempt"] == 0
-    master = f"plain-worker-0.plain-workers.{namespace}.svc:29400"
+    final = wait_phase(kubectl, namespace, "plain", "Succeeded", timeout=300)
+    assert final["restarts"] == 0 and final["attempt"] == 0
+    master = f"plain-worker-0.plain-workers.{namespace}.svc:23456"  # Kubeflow's default port, kept
     rank0 = logs(kubectl, namespace, "plain-worker-0")
     assert "rank 0 received 10 from rank 1" in rank0 and "rank 0 received 20 from rank 2" in rank0, rank0
     for rank in range(3):
