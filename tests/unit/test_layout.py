@@ -63,3 +63,43 @@ def test_wheel_imports_after_install(wheel: Path, tmp_path: Path) -> None:
         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
     )
     assert str(target) in result.stdout
+
+
+def test_plan_and_convert_work_on_a_fresh_install_without_a_cluster(wheel: Path, tmp_path: Path) -> None:
+    """The operator's wheel in a new venv with its dependencies (pinned to this venv's versions, so
+    pip's cache serves them), no kubeconfig anywhere: plan and convert work, describe says why not."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    frozen = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True, text=True, check=True
+    ).stdout
+    (tmp_path / "constraints.txt").write_text(frozen)
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "--disable-pip-version-check",
+         "install", "--quiet", "--constraint", str(tmp_path / "constraints.txt"), str(wheel)],
+        capture_output=True, text=True, check=False, timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(home)}
+
+    def phalanx(*argv: str, stdin: str | None = None, program: str = "phalanx") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(venv / "bin" / program), *argv],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            check=False,
+        )
+
+    planned = phalanx("plan", "examples/cpu-gloo.yaml")
+    assert planned.returncode == 0 and "trainingjob/cpu-gloo (namespace default): accepted" in planned.stdout
+    converted = phalanx("convert", "tests/fixtures/kubeflow/cpu-demo.yaml")
+    assert converted.returncode == 0 and "kind: TrainingJob" in converted.stdout, converted.stderr
+    replanned = phalanx("plan", "-", stdin=converted.stdout, program="kubectl-phalanx")
+    assert replanned.returncode == 0 and ": accepted" in replanned.stdout, replanned.stderr
+    described = phalanx("describe", "demo")
+    assert described.returncode == 1 and described.stderr.count("\n") == 1, described.stderr
