@@ -126,11 +126,11 @@ def test_refusals_and_operator_failures_are_errors_in_the_api_servers_words(
     status, out, err = run(capsys, write(tmp_path, refused, fails, other, newer, manifest()))
     assert status == 1
     refusal = 'The TrainingJob "too-many" is invalid: spec.workers.desired: Invalid value: "object": desired must'
-    assert f"error: {tmp_path / 'jobs.yaml'}: {refusal} lie within [min, max]" in err
+    assert f"error: {tmp_path / 'jobs.yaml'} document 1: {refusal} lie within [min, max]" in err
     assert 'the TrainingJob "demo" would be accepted, but the operator fails it (InvalidSpec): ' in err
     assert "spec.template.spec.containers[0].resources: nvidia.com/gpu is set by spec.gpus" in err
     assert 'no matches for kind "TrainingJob" in version "phalanx.dev/v1beta9"' in err
-    assert "ConfigMap settings: skipped, not a TrainingJob" in out
+    assert f"{tmp_path / 'jobs.yaml'} document 3: ConfigMap settings: skipped, not a TrainingJob" in out
     assert out.count(": accepted") == 1  # the good job is still shown
 
 
@@ -139,10 +139,10 @@ def test_stdin_and_unreadable_input(capsys: pytest.CaptureFixture[str], monkeypa
     status, out, _ = run(capsys, "-")
     assert status == 0 and "trainingjob/demo (namespace ml): accepted" in out
     status, _, err = run(capsys, "/nonexistent/job.yaml")
-    assert status == 1 and "error: /nonexistent/job.yaml: No such file or directory" in err
+    assert status == 1 and "error: /nonexistent/job.yaml: cannot read: No such file or directory" in err
     monkeypatch.setattr("sys.stdin", io.StringIO("kind: [unclosed"))
     status, _, err = run(capsys, "-")
-    assert status == 1 and "error: <stdin>: not YAML" in err
+    assert status == 1 and "error: stdin: not YAML" in err
     monkeypatch.setattr("sys.stdin", io.StringIO("apiVersion: v1\nkind: ConfigMap\n"))
     status, _, err = run(capsys, "-")
     assert status == 1 and "no TrainingJob in -" in err

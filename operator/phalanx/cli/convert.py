@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from phalanx.cli.manifests import ManifestError, read_file
 
 PROGRAM = "phalanx convert"
 
@@ -21,51 +22,26 @@ class _Outcome:
     failed: bool = False
 
 
-def _documents(text: str, origin: str) -> Iterator[tuple[str, Any]]:
-    """Every document of a YAML stream, the items of a ``kind: List`` (or ``*List``) each on its own."""
-    import yaml
-
-    for number, document in enumerate(yaml.safe_load_all(text), start=1):
-        where = f"{origin} document {number}"
-        if isinstance(document, dict) and str(document.get("kind", "")).endswith("List") and "items" in document:
-            for index, item in enumerate(document.get("items") or []):
-                yield f"{where} item {index}", item
-        elif document is not None:
-            yield where, document
-
-
-def _read(path: str, stdin: TextIO) -> str:
-    if path == "-":
-        return stdin.read()
-    return Path(path).read_text(encoding="utf-8")
-
-
 def _convert_all(args: argparse.Namespace, stdin: TextIO) -> _Outcome:
-    import yaml
-
     from phalanx.api import kubeflow
 
     outcome = _Outcome()
     for path in args.files:
-        origin = "stdin" if path == "-" else path
         try:
-            documents = list(_documents(_read(path, stdin), origin))
-        except (OSError, UnicodeDecodeError) as error:
-            outcome.messages.append(f"{origin}: cannot read: {error}")
+            documents = list(read_file(path, stdin))
+        except ManifestError as error:
+            outcome.messages.append(str(error))
             outcome.failed = True
             continue
-        except yaml.YAMLError as error:
-            outcome.messages.append(f"{origin}: not YAML: {error}")
-            outcome.failed = True
-            continue
-        for where, document in documents:
-            if not isinstance(document, dict) or not kubeflow.is_pytorchjob(document):
-                kind = document.get("kind", "without a kind") if isinstance(document, dict) else "not an object"
+        for document in documents:
+            where, body = document.where, document.body
+            if not isinstance(body, dict) or not kubeflow.is_pytorchjob(body):
+                kind = document.kind or ("without a kind" if isinstance(body, dict) else "not an object")
                 outcome.messages.append(f"{where}: skipped: {kind} is not a PyTorchJob")
                 continue
-            name = (document.get("metadata") or {}).get("name") or "(unnamed)"
+            name = document.name or "(unnamed)"
             try:
-                result = kubeflow.convert(document, gang_scheduler=args.gang_scheduler, namespace=args.namespace)
+                result = kubeflow.convert(body, gang_scheduler=args.gang_scheduler, namespace=args.namespace)
             except kubeflow.ConversionError as error:
                 outcome.messages.append(f"{where}: PyTorchJob {name}: cannot convert: {error}")
                 outcome.failed = True

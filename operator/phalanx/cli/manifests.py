@@ -1,5 +1,5 @@
-"""Reading manifests as kubectl does: files or ``-`` (stdin), several YAML documents each, and
-``kind: List`` flattened."""
+"""Reading manifests as kubectl does: files or ``-`` (stdin), several YAML documents each, and the
+items of a ``kind: List`` (what ``kubectl get -o yaml`` prints) each on its own."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -18,45 +18,35 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class Document:
-    """One object of a manifest file, and where it came from (for messages)."""
+    """One object of a manifest file, and where it is (``jobs.yaml document 2 item 0``)."""
 
-    source: str
-    body: dict[str, Any]
+    where: str
+    body: Any
+    """The parsed document: an object, or whatever else the file holds (callers say so)."""
 
     @property
     def kind(self) -> str:
-        return str(self.body.get("kind", ""))
+        return str(self.body.get("kind", "")) if isinstance(self.body, dict) else ""
 
     @property
     def name(self) -> str:
-        return str((self.body.get("metadata") or {}).get("name", ""))
-
-    def describe(self) -> str:
-        return f"{self.source}: {self.kind or 'object'} {self.name or '(no name)'}"
+        return str((self.body.get("metadata") or {}).get("name", "")) if isinstance(self.body, dict) else ""
 
 
-def _flatten(source: str, value: Any) -> Iterator[Document]:
-    if value is None:
-        return
-    if not isinstance(value, dict):
-        raise ManifestError(f"{source}: a document is not an object")
-    if value.get("kind") == "List" or (value.get("kind", "").endswith("List") and "items" in value):
-        for item in value.get("items") or []:
-            yield from _flatten(source, item)
-        return
-    yield Document(source, value)
-
-
-def read_documents(paths: list[str]) -> Iterator[Document]:
-    """Every object in ``paths`` (``-`` is stdin), in order."""
-    for path in paths:
-        source = "<stdin>" if path == "-" else path
-        try:
-            text = sys.stdin.read() if path == "-" else Path(path).read_text()
-            loaded = list(yaml.safe_load_all(text))
-        except OSError as error:
-            raise ManifestError(f"{source}: {error.strerror or error}") from error
-        except yaml.YAMLError as error:
-            raise ManifestError(f"{source}: not YAML: {error}") from error
-        for value in loaded:
-            yield from _flatten(source, value)
+def read_file(path: str, stdin: TextIO | None = None) -> Iterator[Document]:
+    """Every document of one file (``-``: stdin); ManifestError when it cannot be read or parsed."""
+    origin = "stdin" if path == "-" else path
+    try:
+        text = (stdin or sys.stdin).read() if path == "-" else Path(path).read_text(encoding="utf-8")
+        loaded = list(yaml.safe_load_all(text))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ManifestError(f"{origin}: cannot read: {getattr(error, 'strerror', None) or error}") from error
+    except yaml.YAMLError as error:
+        raise ManifestError(f"{origin}: not YAML: {error}") from error
+    for number, value in enumerate(loaded, start=1):
+        where = f"{origin} document {number}"
+        if isinstance(value, dict) and str(value.get("kind", "")).endswith("List") and "items" in value:
+            for index, item in enumerate(value.get("items") or []):
+                yield Document(f"{where} item {index}", item)
+        elif value is not None:
+            yield Document(where, value)

@@ -20,7 +20,7 @@ import yaml
 
 from phalanx.api import admission
 from phalanx.api import v1alpha1 as api
-from phalanx.cli.manifests import ManifestError, read_documents
+from phalanx.cli.manifests import ManifestError, read_file
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.preview import Preview, preview
 
@@ -167,26 +167,27 @@ def plan_documents(paths: list[str], *, namespace: str, output: str) -> tuple[li
     problems: list[str] = []
     objects: list[dict[str, Any]] = []
     seen = 0
-    for document in read_documents(paths):
-        if document.kind != api.KIND or not str(document.body.get("apiVersion", "")).startswith(f"{api.GROUP}/"):
+    documents = [document for path in paths for document in read_file(path)]
+    for document in documents:
+        body = document.body
+        if document.kind != api.KIND or not str(body.get("apiVersion", "")).startswith(f"{api.GROUP}/"):
             if output == "summary":
-                out.append(f"{document.describe()}: skipped, not a {api.KIND}")
+                what = f"{document.kind} {document.name}".strip() if document.kind else "a document without a kind"
+                out.append(f"{document.where}: {what}: skipped, not a {api.KIND}")
             continue
         seen += 1
-        if document.body.get("apiVersion") != api.API_VERSION:
-            problems.append(
-                f'{document.source}: no matches for kind "{api.KIND}" in version "{document.body.get("apiVersion")}"'
-            )
+        if body.get("apiVersion") != api.API_VERSION:
+            problems.append(f'{document.where}: no matches for kind "{api.KIND}" in version "{body.get("apiVersion")}"')
             continue
-        verdict = admission.admit(document.body)
+        verdict = admission.admit(body)
         if verdict.admitted is None:
-            problems.append(f"{document.source}: {verdict.message}")
+            problems.append(f"{document.where}: {verdict.message}")
             continue
         try:
             result = preview(verdict.admitted, namespace=namespace)
         except PlanningError as error:
             problems.append(
-                f'{document.source}: the {api.KIND} "{verdict.name}" would be accepted, but the operator fails it '
+                f'{document.where}: the {api.KIND} "{verdict.name}" would be accepted, but the operator fails it '
                 f"(InvalidSpec): {error}"
             )
             continue
