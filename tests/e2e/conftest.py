@@ -1,7 +1,9 @@
 """Fixtures for the end-to-end tier: the control plane plus one real kubelet node running real
 containers (containerd, runc, CNI, CoreDNS) with the locally built trainer image.
 
-- ``real_cluster`` (module): the cluster with the real node (untainted: every pod lands there).
+- ``real_cluster`` (package): the cluster with the real node (untainted: every pod lands there),
+  shared by the tier's modules (starting one costs about two minutes, the image import included);
+  test_helm_install.py starts its own (Helm must own the CRD there).
 - ``kubectl``, ``namespace`` (per test), ``operator`` (per test, under the chart's RBAC).
 All processes are stopped by PID when the session ends, also on failure.
 """
@@ -26,8 +28,8 @@ from tests.integration.operator_process import OperatorProcess
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")  # one real node per host: released before other modules need one
-def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def start_real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A control plane with the real node; stopped (by PID) when the generator is closed."""
     if os.geteuid() != 0:
         pytest.fail("the end-to-end tier runs a kubelet and needs root")
     from tests.cluster.node.realnode import RealNode, cluster_with_real_node
@@ -36,6 +38,13 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     with stopped_on_exit(cluster.stop):
         cluster.start()
         yield cluster
+
+
+# One real node per host: a package-scoped cluster is stopped when the tier's last test ends, before
+# tests/integration starts its own; the helm module's (module scope) ends before the next module.
+@pytest.fixture(scope="package")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    yield from start_real_cluster(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

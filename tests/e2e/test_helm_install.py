@@ -5,9 +5,9 @@ pod, upgrade the release, uninstall it, and check that the CRD and the TrainingJ
 (resource-policy keep).
 
 The release namespace enforces Pod Security "restricted", so the operator pod passing admission
-is part of the test. The module starts its own cluster (``real_cluster`` is module-scoped) and does
-not use the ``kubectl`` fixture: that one applies the CRD outside Helm, and ``helm install`` would
-then refuse to adopt it.
+is part of the test. The module starts its own cluster (its ``real_cluster`` is module-scoped,
+unlike the tier's shared one) and does not use the ``kubectl`` fixture: that one applies the CRD
+outside Helm, and ``helm install`` would then refuse to adopt it.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from phalanx.reconcile import naming
 from tests.cluster import binaries
 from tests.cluster.kube import Kubectl
 from tests.cluster.node import dockerfile_images
+from tests.e2e.conftest import start_real_cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
@@ -56,6 +57,12 @@ def metric(e2e: str, value: float) -> None:
 
 
 # ------------------------------------------------------------------------------------ fixtures
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """This module's own cluster: Helm must install the CRD, which the shared one already has."""
+    yield from start_real_cluster(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

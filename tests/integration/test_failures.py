@@ -288,7 +288,13 @@ def _node_loss(
     after = wait_workers(kubectl, namespace, replaced, f"{victim} replaced away from node {node}", timeout=timeout)
     assert node_of(after[victim]) != node
     state = wait_running(kubectl, namespace, 3)
-    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (0, {"NodeLost": 1}, 0)
+    pod_events = kubectl.json("get", "events", f"--namespace={namespace}", "--field-selector=involvedObject.kind=Pod")
+    history = [
+        (e["involvedObject"]["name"], e["reason"], e.get("message", "")[:120]) for e in pod_events["items"]
+    ]  # what to read when this fails
+    assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (0, {"NodeLost": 1}, 0), (
+        f"job events {event_summary(kubectl, namespace)}; pod events {history}"
+    )
     assert_healthy(state)
     assert set(attempts(after).values()) == {"0"}
     for name in set(before) - {victim}:
