@@ -34,7 +34,8 @@ binaries:  ## Kubernetes, etcd, KWOK, CoreDNS, helm built from Go modules (cache
 packages:  ## Debian packages of the real node: containerd, runc, CNI plugins, debootstrap, ...
 	tests/cluster/node/install-packages.sh
 
-images: venv packages  ## pause image, wheel cache; operator and trainer from the Dockerfile (cached by input hash)
+# after torch: both fill the wheel cache, and torch's wheels must be fetched once
+images: venv packages torch  ## pause image, wheel cache; operator and trainer from the Dockerfile (cached by input hash)
 	$(BIN)/python -m tests.cluster.node.images
 	$(BIN)/python -m tests.cluster.node.dockerfile_images operator trainer
 
@@ -60,7 +61,10 @@ integration: torch binaries images
 e2e: torch binaries images
 	$(BIN)/pytest tests/e2e
 
-test: lint typecheck binaries images  ## everything CI runs: unit, integration (control plane + KWOK), e2e (real node)
+# The Go builds take the CPUs for most of a fresh machine's set-up; the venv, torch (GBs from the
+# index), the node's packages and the images wait on the network meanwhile, so they run beside them.
+test:  ## everything CI runs: unit, integration (control plane + KWOK), e2e (real node)
+	$(MAKE) --no-print-directory --jobs=3 --output-sync=target lint typecheck binaries images
 	$(BIN)/pytest tests
 
 clean:
