@@ -54,7 +54,7 @@ class World:
         self.unready_nodes: set[str] = set()
         self.progress: WorkerProgress | None = None  # what the operator last scraped from a worker
         self.completion: Completion | None = None  # what the operator last read from the store
-        self.refusals: dict[str, Refusal] = {}  # creations the API server refused, by name
+        self.refusals: dict[tuple[str, str], Refusal] = {}  # creations the API server refused, by (kind, name)
         self.foreign: set[tuple[str, str]] = set()  # names held by objects this job does not control
         self.missing_apis: dict[str, str] = {}
         self.node_capacity = ""  # the fingerprint of what the nodes offer (NodeCache.capacity)

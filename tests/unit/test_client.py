@@ -80,7 +80,8 @@ async def test_a_post_whose_response_was_lost_is_not_sent_again(server: tuple[Se
 async def test_reads_and_creates_with_fixed_names_are_sent_again_after_a_timeout(server: tuple[Server, str]) -> None:
     backend, url = server
     backend.behaviour["/slow"] = "hang"
-    async with ApiClient(Credentials(server=url), timeout=0.2) as client:
+    # Long enough that each try reaches the server even on a loaded machine (0.2 s once did not).
+    async with ApiClient(Credentials(server=url), timeout=0.6) as client:
         with pytest.raises(TimeoutError):
             await client.request("GET", "/slow")
         with pytest.raises(TimeoutError):

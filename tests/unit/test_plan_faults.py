@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from phalanx.cluster.apply import RefusalMemory
 from phalanx.reconcile import desired, naming
 from phalanx.reconcile.environment import resolve_launch
 from phalanx.reconcile.observed import Completion, Refusal
@@ -154,8 +155,8 @@ def test_a_container_that_cannot_start_fails_the_job_at_once_with_the_runtimes_m
 # -- refusals that may pass ------------------------------------------------------------------------
 
 
-def refused(world: World, name: str, reason: str, message: str, attempts: int = 1) -> None:
-    world.refusals[name] = Refusal(reason, message, world.now, world.now, attempts)
+def refused(world: World, name: str, reason: str, message: str, attempts: int = 1, kind: str = "Pod") -> None:
+    world.refusals[(kind, name)] = Refusal(reason, message, world.now, world.now, attempts)
 
 
 def test_a_quota_refusal_is_explained_and_retried_at_a_paced_interval_without_failing() -> None:
@@ -220,7 +221,7 @@ def test_a_freed_quota_is_retried_at_once() -> None:
     world.reconcile()
     name = naming.worker_pod_name("demo", 1)
     world.pods.pop(name)
-    world.refusals[name] = Refusal("QuotaExceeded", QUOTA, world.now, world.now, 3, retry_now=True)
+    world.refusals[("Pod", name)] = Refusal("QuotaExceeded", QUOTA, world.now, world.now, 3, retry_now=True)
     assert name in {obj["metadata"]["name"] for obj in world.plan().apply}
 
 
@@ -305,3 +306,21 @@ def test_the_store_pod_is_restricted_and_inherits_the_trainers_identity() -> Non
     assert store["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
     ports = {port["name"]: port["containerPort"] for port in store["spec"]["containers"][0]["ports"]}
     assert naming.METRICS_PORT_NAME in ports  # the operator reads completion from there
+
+
+def test_creating_the_stores_service_never_clears_the_store_pods_refusal() -> None:
+    """The Service and the store pod share a name and are created in one pass: the Service's success
+    must not erase the pod's quota refusal, or the next pass takes the never-created store for lost
+    and restarts the gang (seen in CI: RendezvousStoreLost after a quota refusal)."""
+    memory = RefusalMemory()
+    store = naming.rendezvous_name("demo")
+    memory.record("uid-demo", ("ml", "demo"), ("Pod", store), "QuotaExceeded", QUOTA, START)
+    memory.clear("uid-demo", ("Service", store))  # its Service was created in the same pass
+    assert list(memory.of("uid-demo")) == [("Pod", store)]
+    world = World(job(workers={"desired": 2}))
+    world.reconcile()
+    world.pods.pop(store)
+    world.refusals.update(memory.of("uid-demo"))
+    world.run()
+    plan = world.reconcile()
+    assert not plan.delete and world.status.get("restartsByReason") in (None, {})

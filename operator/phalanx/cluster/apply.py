@@ -37,7 +37,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, controller_of
 from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
-from phalanx.reconcile.observed import Refusal
+from phalanx.reconcile.observed import ChildKey, Refusal
 from phalanx.reconcile.plan import Plan, progress_only, status_changed
 
 logger = logging.getLogger(__name__)
@@ -76,13 +76,17 @@ def passing_refusal(kind: str, error: ApiError) -> str | None:
 
 
 class RefusalMemory:
-    """What the API server last refused to create, by job UID and child name, for the planner."""
+    """What the API server last refused to create, by job UID and child (kind and name: the store's
+    Service and pod share a name, and creating one must not clear the other's refusal), for the
+    planner."""
 
     def __init__(self) -> None:
-        self._refusals: dict[str, dict[str, Refusal]] = {}
+        self._refusals: dict[str, dict[ChildKey, Refusal]] = {}
         self._jobs: dict[str, tuple[str, str]] = {}
 
-    def record(self, job_uid: str, key: tuple[str, str], name: str, reason: str, message: str, now: datetime) -> None:
+    def record(
+        self, job_uid: str, key: tuple[str, str], name: ChildKey, reason: str, message: str, now: datetime
+    ) -> None:
         known = self._refusals.setdefault(job_uid, {}).get(name)
         self._jobs[job_uid] = key
         if known is not None and known.reason == reason:
@@ -93,7 +97,7 @@ class RefusalMemory:
             refusal = Refusal(reason, message, now, now)
         self._refusals[job_uid][name] = refusal
 
-    def clear(self, job_uid: str, name: str) -> None:
+    def clear(self, job_uid: str, name: ChildKey) -> None:
         refusals = self._refusals.get(job_uid)
         if refusals is not None:
             refusals.pop(name, None)
@@ -101,7 +105,7 @@ class RefusalMemory:
                 self._refusals.pop(job_uid, None)
                 self._jobs.pop(job_uid, None)
 
-    def of(self, job_uid: str) -> dict[str, Refusal]:
+    def of(self, job_uid: str) -> dict[ChildKey, Refusal]:
         return dict(self._refusals.get(job_uid, {}))
 
     def forget_job(self, key: tuple[str, str]) -> None:
@@ -192,10 +196,10 @@ async def _create(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any]
             raise AdmissionRefusedError(f"{kind} {name}", error) from error
         logger.info("creating %s %s/%s refused (%s): %s", kind, metadata["namespace"], name, reason, error.message)
         run.refusals.record(
-            metadata["uid"], (metadata["namespace"], metadata["name"]), name, reason, error.message, now
+            metadata["uid"], (metadata["namespace"], metadata["name"]), (kind, name), reason, error.message, now
         )
         return
-    run.refusals.clear(metadata["uid"], name)
+    run.refusals.clear(metadata["uid"], (kind, name))
     run.children.observe("ADDED", response)
 
 
@@ -211,12 +215,13 @@ async def _name_taken(run: Execution, job: Mapping[str, Any], obj: Mapping[str, 
         raise
     owner = controller_of(existing)
     if owner is not None and owner[1] == metadata["uid"]:
-        run.refusals.clear(metadata["uid"], name)
+        run.refusals.clear(metadata["uid"], (kind, name))
         run.children.observe("ADDED", existing)
         return
     holder = f"TrainingJob {owner[0]} (uid {owner[1]})" if owner is not None else "no TrainingJob"
     message = f"{kind} {name} already exists, controlled by {holder}; phalanx leaves it alone"
-    run.refusals.record(metadata["uid"], (metadata["namespace"], metadata["name"]), name, "NameConflict", message, now)
+    job_key = (metadata["namespace"], metadata["name"])
+    run.refusals.record(metadata["uid"], job_key, (kind, name), "NameConflict", message, now)
 
 
 async def _update(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any], uid: str) -> None:

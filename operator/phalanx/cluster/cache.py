@@ -31,6 +31,7 @@ from typing import Any
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.observed import (
+    ChildKey,
     Completion,
     ObjectRecord,
     Observed,
@@ -378,7 +379,7 @@ class ChildCache:
         *,
         progress: WorkerProgress | None = None,
         completion: Completion | None = None,
-        refusals: Mapping[str, Refusal] | None = None,
+        refusals: Mapping[ChildKey, Refusal] | None = None,
         missing_apis: Mapping[str, str] | None = None,
         node_capacity: str = "",
         node_allocatable: tuple[Mapping[str, Decimal], ...] = (),

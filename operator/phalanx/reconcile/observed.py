@@ -114,6 +114,10 @@ class Completion:
     rank: int | None = None
 
 
+ChildKey = tuple[str, str]
+"""(kind, name) of a child: the store's Service and pod share a name."""
+
+
 @dataclass(frozen=True)
 class Refusal:
     """The API server's answer to our last attempts to create one child, when it said no for a
@@ -139,8 +143,8 @@ class Observed:
     completion: Completion | None = None
     foreign: frozenset[tuple[str, str]] = frozenset()
     """(kind, name) of objects labelled with this job's name that another owner (or none) controls."""
-    refusals: Mapping[str, Refusal] = field(default_factory=dict)
-    """By child name: creations the API server refused for a reason that may pass."""
+    refusals: Mapping[ChildKey, Refusal] = field(default_factory=dict)
+    """By (kind, name): creations the API server refused for a reason that may pass."""
     missing_apis: Mapping[str, str] = field(default_factory=dict)
     """API (e.g. ``scheduling.x-k8s.io/v1alpha1 podgroups``) -> why the operator cannot use it."""
     node_capacity: str = ""

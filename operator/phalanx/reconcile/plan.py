@@ -183,7 +183,7 @@ class _Pass:
                 )
             )
             return False
-        refusal = self.observed.refusals.get(name)
+        refusal = self.observed.refusals.get((kind, name))
         if refusal is None:
             return True
         # The refusal stands until a creation succeeds, so status does not flap at each retry.
@@ -395,7 +395,9 @@ class _Pass:
             store_gone = False
         # A store whose creation was refused (quota: workers created in the same pass may have
         # taken the last pods) never ran: it is created when the refusal allows, nothing was lost.
-        never_created = store is None and naming.rendezvous_name(self.job.metadata.name) in self.observed.refusals
+        never_created = (
+            store is None and ("Pod", naming.rendezvous_name(self.job.metadata.name)) in self.observed.refusals
+        )
         store_lost = bool(current) and store_gone and not never_created
         # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing;
         # a kubelet marks them Failed before they go, so "finished" does not tell them apart from
