@@ -130,6 +130,8 @@ def test_a_service_accounts_rotated_token_is_read_again(
     monkeypatch.setattr(login_module, "SERVICE_CERT_FILENAME", str(ca))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.delenv("KUBECONFIG", raising=False)  # a kubeconfig would win, as with kubectl
+    monkeypatch.setenv("HOME", str(tmp_path))
     login = Login()
     credentials = login.load()
     assert (credentials.server, credentials.token, credentials.source) == (

@@ -82,6 +82,7 @@ def in_a_pod(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib
     monkeypatch.setattr(login_module, "SERVICE_TOKEN_FILENAME", str(account / "token"))
     monkeypatch.setattr(login_module, "SERVICE_NAMESPACE_FILENAME", str(account / "namespace"))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.kube/config but the test's own
     return account
 
 
@@ -99,3 +100,26 @@ def test_in_a_pod_without_a_namespace_file_default(in_a_pod: pathlib.Path) -> No
 def test_in_a_pod_an_explicit_kubeconfig_still_decides(in_a_pod: pathlib.Path, tmp_path: pathlib.Path) -> None:
     path = kubeconfig(tmp_path / "config", {"dev": {"namespace": "research"}}, "dev")
     assert Login(kubeconfig=str(path)).namespace() == "research"
+
+
+def test_in_a_pod_a_kubeconfig_in_the_environment_wins_as_with_kubectl(
+    in_a_pod: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = kubeconfig(tmp_path / "config", {"dev": {"namespace": "research"}}, "dev")
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    assert Login().namespace() == "research"
+    assert Login().load().server == "https://127.0.0.1:6443"
+    home_config = tmp_path / "home" / ".kube" / "config"
+    home_config.parent.mkdir(parents=True)
+    kubeconfig(home_config, {"home": {"namespace": "from-home"}}, "home")
+    monkeypatch.delenv("KUBECONFIG")
+    assert Login().namespace() == "from-home"
+
+
+def test_in_a_pod_a_kubeconfig_naming_no_cluster_leaves_the_service_account(
+    in_a_pod: pathlib.Path, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}{os.pathsep}{empty}")
+    assert Login().namespace() == "training"

@@ -79,8 +79,9 @@ class Login:
     """The operator's source of credentials.
 
     ``kubeconfig`` (paths joined by ``os.pathsep``, as ``$KUBECONFIG``) and ``context`` choose a
-    kubeconfig; without them the pod's service account is used when there is one, else
-    ``$KUBECONFIG`` or ``~/.kube/config``. Thread-safe: the client calls it from worker threads
+    kubeconfig; without them ``$KUBECONFIG`` or ``~/.kube/config``, unless that names no cluster
+    and the process runs in a pod: then the pod's service account, as kubectl chooses (so the CLI
+    in a pod follows a kubeconfig given to it). Thread-safe: the client calls it from worker threads
     (an exec plugin may take seconds) while requests go on.
     """
 
@@ -98,7 +99,20 @@ class Login:
             return self.in_cluster
         if self.kubeconfig or self.context:
             return False
-        return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(SERVICE_TOKEN_FILENAME)
+        in_a_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(SERVICE_TOKEN_FILENAME)
+        return in_a_pod and not self._kubeconfig_names_a_cluster()
+
+    def _kubeconfig_names_a_cluster(self) -> bool:
+        """Whether ``$KUBECONFIG`` or ``~/.kube/config`` names a cluster: client-go falls back to
+        the service account only when the kubeconfig gives it nothing to talk to."""
+        for path in self._kubeconfig_files().split(os.pathsep):
+            try:
+                config = yaml.safe_load(Path(path).expanduser().read_text()) if path else None
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(config, dict) and config.get("clusters"):
+                return True
+        return False
 
     def _kubeconfig_files(self) -> str:
         return self.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
