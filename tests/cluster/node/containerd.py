@@ -174,11 +174,12 @@ disabled_plugins = [
         # this Python process exits first (CLI `up`) or crashes.
         assert self._lock_fd is not None
         self.proc.start(pass_fds=(self._lock_fd, *self.inherit_fds))
-        wait_for(
-            lambda: (self.proc.check_alive() or True) and self._ready(),
-            timeout,
-            what=f"containerd socket {self.socket}",
-        )
+
+        def ready() -> bool:
+            self.proc.check_alive()
+            return self._ready()
+
+        wait_for(ready, timeout, what=f"containerd socket {self.socket}")
 
     def _ready(self) -> bool:
         if not self.socket.exists():
@@ -239,8 +240,8 @@ disabled_plugins = [
 
     # ------------------------------------------------------------------- ctr
     def ctr(
-        self, *args: str, check: bool = True, input: str | bytes | None = None, timeout: float | None = 120
-    ) -> subprocess.CompletedProcess:
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float | None = 120
+    ) -> subprocess.CompletedProcess[str]:
         return run(
             ["ctr", "--address", self.socket, "--namespace", NAMESPACE, *args],
             check=check,
@@ -341,12 +342,13 @@ disabled_plugins = [
         # Kill whatever still runs in containers' cgroups? runc state tells us the init pids.
         if self.runc_root.exists():
             for st in self.runc_root.glob("*/*/state.json"):
+                init_pid: int | None
                 try:
-                    pid = json.loads(st.read_text()).get("init_process_pid")
+                    init_pid = json.loads(st.read_text()).get("init_process_pid")
                 except (OSError, ValueError):
-                    pid = None
-                if pid and pid_alive(pid):
-                    stop_pid(pid, timeout=2, group=False)
+                    init_pid = None
+                if init_pid and pid_alive(init_pid):
+                    stop_pid(init_pid, timeout=2, group=False)
         self.unmount_under(self.root)
         self.unmount_under(self.state)
         # Per-run state (not the image cache in root): remove it wholesale.

@@ -58,7 +58,7 @@ from pathlib import Path
 
 from . import images, thin_import
 from .containerd import Containerd
-from .host import REPO_ROOT, HostProcess, hash_inputs, node_cache_dir, run, stop_pidfile
+from .host import NODE_DIR, REPO_ROOT, HostProcess, hash_inputs, node_cache_dir, run, stop_pidfile
 
 log = logging.getLogger(__name__)
 
@@ -421,7 +421,7 @@ def import_into(containerd: Containerd, target: str) -> tuple[ImageBuild | None,
     labels = {"phalanx.dev/key": key}
     if (containerd.image_labels(ref) or {}).get("phalanx.dev/key") == key:
         return None, None
-    run(["sh", images.NODE_DIR / "install-packages.sh"], capture=False)
+    run(["sh", NODE_DIR / "install-packages.sh"], capture=False)
     with Dockerd() as dockerd:
         report = ensure_built(target, dockerd)
         t0 = time.monotonic()
@@ -444,7 +444,7 @@ def import_into(containerd: Containerd, target: str) -> tuple[ImageBuild | None,
 
 def build(targets: list[str]) -> list[ImageBuild]:
     """Build (or find) the targets in the daemon's data root."""
-    run(["sh", images.NODE_DIR / "install-packages.sh"], capture=False)
+    run(["sh", NODE_DIR / "install-packages.sh"], capture=False)
     with Dockerd() as dockerd:
         return [ensure_built(target, dockerd) for target in targets]
 

@@ -10,8 +10,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, TypeVar, overload
+
+T = TypeVar("T")
+
+# a command-line argument: run() and HostProcess pass each through str()
+Arg = str | os.PathLike[str]
 
 NODE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = NODE_DIR.parents[2]
@@ -32,15 +38,39 @@ def node_cache_dir() -> Path:
     return d
 
 
+@overload
 def run(
-    cmd: Sequence[str],
+    cmd: Sequence[Arg],
+    *,
+    check: bool = ...,
+    capture: bool = ...,
+    input: str | None = ...,
+    env: Mapping[str, str] | None = ...,
+    timeout: float | None = ...,
+) -> subprocess.CompletedProcess[str]: ...
+
+
+@overload
+def run(
+    cmd: Sequence[Arg],
+    *,
+    check: bool = ...,
+    capture: bool = ...,
+    input: bytes,
+    env: Mapping[str, str] | None = ...,
+    timeout: float | None = ...,
+) -> subprocess.CompletedProcess[bytes]: ...
+
+
+def run(
+    cmd: Sequence[Arg],
     *,
     check: bool = True,
     capture: bool = True,
     input: str | bytes | None = None,
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[Any]:
     """Run a command; on failure raise with its stderr in the message."""
     text = not isinstance(input, bytes)
     proc = subprocess.run(
@@ -75,7 +105,8 @@ def hash_inputs(*parts: str | bytes | Path) -> str:
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def host_ip() -> str:
@@ -84,7 +115,7 @@ def host_ip() -> str:
     return out[out.index("src") + 1]
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
+def wait_for(predicate: Callable[[], T], timeout: float, interval: float = 0.5, what: str = "condition") -> T:
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
     while time.monotonic() < deadline:
@@ -104,14 +135,14 @@ class HostProcess:
     """A long-running host process in its own process group, PID recorded in a file."""
 
     def __init__(
-        self, name: str, argv: Sequence[str], log_dir: Path, pid_dir: Path, env: Mapping[str, str] | None = None
+        self, name: str, argv: Sequence[Arg], log_dir: Path, pid_dir: Path, env: Mapping[str, str] | None = None
     ) -> None:
         self.name = name
         self.argv = [str(a) for a in argv]
         self.log_path = Path(log_dir) / f"{name}.log"
         self.pid_path = Path(pid_dir) / f"{name}.pid"
         self.env = env
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, pass_fds: tuple[int, ...] = ()) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

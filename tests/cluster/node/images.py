@@ -120,7 +120,7 @@ def ensure_wheels(requirement: str | list[str] = TORCH_REQUIREMENT) -> list[Path
             files = lines[lines.index("--files--") + 1 :]
             if all((dest / f).exists() for f in files):
                 return [dest / f for f in files]
-    cmd = [
+    cmd: list[str | Path] = [
         sys.executable,
         "-m",
         "pip",

@@ -17,6 +17,7 @@ import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _CHUNK = 4 * 1024 * 1024
 
@@ -85,10 +86,10 @@ def image_config(
     workdir: str | None = None,
     labels: Mapping[str, str] | None = None,
     user: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     env = dict(env or {})
     env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    cfg: dict = {"Env": [f"{k}={v}" for k, v in env.items()]}
+    cfg: dict[str, Any] = {"Env": [f"{k}={v}" for k, v in env.items()]}
     if entrypoint is not None:
         cfg["Entrypoint"] = list(entrypoint)
     if cmd is not None:
@@ -115,7 +116,7 @@ def write_oci_archive(
     out_path: Path,
     ref: str,
     layers: Sequence[Layer],
-    **config_kwargs,
+    **config_kwargs: Any,
 ) -> str:
     """Write an OCI image-layout tarball (``oci-layout``, ``index.json``, ``blobs/sha256/*``)
     for ``ref`` with ``layers`` (bottom first); returns the manifest digest.

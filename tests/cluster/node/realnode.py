@@ -110,7 +110,7 @@ class RealNode:
 
     # ----------------------------------------------------------------- helpers
     @staticmethod
-    def pod_placement() -> dict:
+    def pod_placement() -> dict[str, Any]:
         """Pod-spec fragment that pins a pod to the real node (merge into ``spec``)."""
         return {
             "nodeSelector": {NODE_LABEL: "true"},
@@ -119,7 +119,7 @@ class RealNode:
 
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60
-    ) -> subprocess.CompletedProcess:
+    ) -> subprocess.CompletedProcess[str]:
         assert self.cluster is not None and self.kubectl_bin is not None
         return run(
             [self.kubectl_bin, "--kubeconfig", self.cluster.kubeconfig, *args],
@@ -401,9 +401,9 @@ class RealNode:
     def _start_kubelet(self, binary: Path, logs: Path) -> None:
         assert self.dir is not None and self.run_dir is not None and self.containerd is not None
         for key in _KUBELET_SYSCTLS:
-            p = Path("/proc/sys") / key
-            if p.exists():
-                self._saved_sysctls.setdefault(key, p.read_text().strip())
+            sysctl = Path("/proc/sys") / key
+            if sysctl.exists():
+                self._saved_sysctls.setdefault(key, sysctl.read_text().strip())
         root = self.run_dir / "kubelet"
         root.mkdir(parents=True, exist_ok=True)
         self.kubelet_port = free_port("0.0.0.0")
@@ -467,7 +467,7 @@ class RealNode:
         }
         cfg_path = self.dir / "kubelet-config.yaml"
         cfg_path.write_text(_yaml(config))
-        argv = [
+        argv: list[str | Path] = [
             binary,
             f"--config={cfg_path}",
             f"--kubeconfig={self.kubelet_kubeconfig}",
@@ -487,9 +487,9 @@ class RealNode:
     def _start_kube_proxy(self, binary: Path, logs: Path) -> None:
         assert self.dir is not None
         for key in ("net/ipv4/conf/all/route_localnet",):
-            p = Path("/proc/sys") / key
-            if p.exists():
-                self._saved_sysctls.setdefault(key, p.read_text().strip())
+            sysctl = Path("/proc/sys") / key
+            if sysctl.exists():
+                self._saved_sysctls.setdefault(key, sysctl.read_text().strip())
         config = {
             "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
             "kind": "KubeProxyConfiguration",
@@ -662,7 +662,7 @@ def _cleanup_pod_cgroups(kill: bool = True) -> None:
     if kill:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            pids = set()
+            pids: set[int] = set()
             for top in tops:
                 if top.name != "kubepods":
                     continue
@@ -719,7 +719,8 @@ def _http_ok(port: int) -> bool:
 
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as resp:
-            return resp.status == 200
+            status: int = resp.status
+            return status == 200
     except OSError:
         return False
 

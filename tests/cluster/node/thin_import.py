@@ -80,8 +80,8 @@ def thin_oci_stream(
     ``present``; ``sizes`` are the image's diff IDs, bottom first, with their tar sizes.
     Returns the diff IDs written."""
     by_size: dict[int, list[str]] = {}
-    for diff_id, size in sizes.items():
-        by_size.setdefault(size, []).append(diff_id)
+    for layer_id, size in sizes.items():
+        by_size.setdefault(size, []).append(layer_id)
     if any(len(ids) > 1 for ids in by_size.values()):
         raise AmbiguousLayersError(f"layers of equal size: {[ids for ids in by_size.values() if len(ids) > 1]}")
     written: list[str] = []
@@ -93,6 +93,7 @@ def thin_oci_stream(
         _add(out, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
         for member in archive:
             if member.name.endswith("/layer.tar"):
+                diff_id: str | None
                 (diff_id,) = by_size.get(member.size, [None])
                 if diff_id is None:
                     raise AmbiguousLayersError(f"{member.name}: no layer of the image has {member.size} bytes")
