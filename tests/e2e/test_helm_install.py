@@ -74,6 +74,7 @@ def kube(real_cluster: Any) -> Kubectl:
     if os.geteuid() != 0:
         pytest.fail("the end-to-end tier runs dockerd and a kubelet and needs root")
     node = next(c for c in real_cluster.extra_components if isinstance(c, RealNode))
+    assert node.containerd is not None
     build, took = dockerfile_images.import_into(node.containerd, "operator")
     if build is not None:
         state = "cached" if build.cached else f"built {build.timings}"
@@ -281,6 +282,7 @@ def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[.
         return status if status.get("phase") in ("Succeeded", "Failed") else None
 
     final = kube.wait_for(progressed, timeout=300, interval=1.0, what="cpu-gloo to finish")
+    assert final is not None
     metric("cpu-gloo created to Succeeded", time.monotonic() - t_job)
     assert final["phase"] == "Succeeded", final
     print(f"worker-0 (steps, world size) seen: {samples}; operator phases seen: {sorted(phases_seen)}")
@@ -299,6 +301,7 @@ def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[.
         return now if done else None
 
     after = kube.wait_for(operator_shows_success, timeout=60, interval=0.5, what="phalanx_job_phase Succeeded")
+    assert after is not None
     assert value(after, "phalanx_job_phase", namespace=ns, name="cpu-gloo", phase="Running") == 0
     assert (value(after, "controller_runtime_reconcile_total", controller="trainingjob") or 0) > reconciles_before
     assert value(after, "phalanx_jobs", phase="Succeeded") == 1
@@ -354,6 +357,7 @@ def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[.
         interval=0.5,
         what="after-upgrade to finish",
     )
+    assert isinstance(second, dict)
     metric("after-upgrade job created to Succeeded", time.monotonic() - t_second)
     assert second["phase"] == "Succeeded", second
 

@@ -143,7 +143,7 @@ def test_logs_follow_a_job_from_before_its_workers_exist_until_it_succeeds(
     workers = by_worker(following.stdout)
     assert set(workers) == {"worker-0", "worker-1"}, out
     for name, lines in workers.items():
-        steps = [int(step) for step, _ in (STEP.search(line).groups() for line in lines if STEP.search(line))]
+        steps = [int(step) for step, _ in (match.groups() for match in map(STEP.search, lines) if match)]
         assert steps == sorted(steps) and len(set(steps)) == len(steps), f"{name} out of order: {steps}"
         assert steps and steps[-1] == STEPS, f"{name} lacks its last steps: {steps}"
         assert any("done rank=" in line for line in lines), lines

@@ -210,6 +210,7 @@ def test_a_gang_that_stops_stepping_is_restarted_from_its_checkpoint(
         interval=0.5,
         what=lambda: f"a NoProgress restart; status {status(kubectl, namespace, 'hang')}",
     )
+    assert isinstance(restarted, dict)
     assert restarted["restartsByReason"] == {"NoProgress": 1} and restarted["restarts"] == 1
     events = kubectl.json("get", "events", f"--namespace={namespace}", "--field-selector=involvedObject.name=hang")
     [hang] = [e for e in events["items"] if e["reason"] == "NoProgress"]

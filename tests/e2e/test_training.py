@@ -25,12 +25,14 @@ def status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
 
 
 def wait_phase(kubectl: Kubectl, namespace: str, name: str, phase: str, timeout: float) -> dict[str, Any]:
-    return kubectl.wait_for(
+    reached = kubectl.wait_for(
         lambda: (s := status(kubectl, namespace, name)).get("phase") == phase and s,
         timeout=timeout,
         interval=1.0,
         what=lambda: f"{name} {phase}, last status {status(kubectl, namespace, name)}",  # the state it ended in
     )
+    assert isinstance(reached, dict)
+    return reached
 
 
 def logs(kubectl: Kubectl, namespace: str, pod: str) -> str:
@@ -179,6 +181,7 @@ def test_losing_two_workers_restarts_the_gang_from_the_checkpoint(
         interval=0.5,
         what="a gang restart",
     )
+    assert isinstance(restarted, dict)
     assert restarted["restartsByReason"] == {"WorkersDeleted": 1}
     assert restarted["restarts"] == 0
     final = wait_phase(kubectl, namespace, "gang", "Succeeded", timeout=300)

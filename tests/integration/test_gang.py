@@ -411,7 +411,10 @@ def test_finishing_suspending_and_failing_a_kueue_job_each_free_its_quota_for_th
                 name="c")  # fmt: skip
     running("b Running once c failed", 60, name="b")
     print(f"b Running {time.monotonic() - failed:.1f}s after c's worker exited 1")
-    c_running = lambda: [p for p in job_workers(kubectl, namespace, "c") if p["status"].get("phase") == "Running"]  # noqa: E731
+
+    def c_running() -> list[dict[str, Any]]:
+        return [p for p in job_workers(kubectl, namespace, "c") if p["status"].get("phase") == "Running"]
+
     kubectl.wait_for(lambda: not c_running(), timeout=30, what="c's workers stopped")
     finish(kwok_cluster, kubectl, namespace, "b")
     state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Succeeded", "b Succeeded", 60, name="b")

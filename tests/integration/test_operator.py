@@ -17,7 +17,7 @@ from tests.unit.jobs import manifest
 pytestmark = pytest.mark.integration
 
 POOL = {"phalanx.dev/pool": "operator"}  # this module's nodes: other modules break theirs on purpose
-GPU_JOB = {
+GPU_JOB: dict[str, Any] = {
     "workers": {"min": 2, "max": 4, "desired": 3},
     "gpus": {"count": 4},
     "template": {
@@ -65,11 +65,13 @@ def describe(kubectl: Kubectl, namespace: str, name: str = "demo") -> str:
 
 
 def wait_phase(kubectl: Kubectl, namespace: str, phase: str, name: str = "demo", timeout: float = 60) -> dict[str, Any]:
-    return kubectl.wait_for(
+    status = kubectl.wait_for(
         lambda: (s := job_status(kubectl, namespace, name)).get("phase") == phase and s,
         timeout=timeout,
         what=lambda: f"phase {phase}; now:\n{describe(kubectl, namespace, name)}",
     )
+    assert isinstance(status, dict)
+    return status
 
 
 def workers(kubectl: Kubectl, namespace: str, name: str = "demo") -> list[dict[str, Any]]:
@@ -94,6 +96,7 @@ def test_status_is_written_on_the_first_visit_and_children_appear(
     pods = kubectl.wait_for(
         lambda: len(workers(kubectl, namespace)) == 3 and workers(kubectl, namespace), timeout=30, what="3 worker pods"
     )
+    assert isinstance(pods, list)
     job = kubectl.get("tj", "demo", namespace)
     assert job is not None
     for pod in pods:
@@ -153,6 +156,7 @@ def test_more_gpus_than_the_cluster_has_leave_workers_pending_with_the_reason(
         timeout=60,
         what="InsufficientCapacity",
     )
+    assert isinstance(status, dict)
     assert status["phase"] == "Pending"
     assert "Insufficient nvidia.com/gpu" in status["message"], status["message"]
     assert "no schedulable node can hold a worker" in status["message"]
@@ -192,12 +196,14 @@ def test_podgroups_for_each_gang_scheduler(kubectl: Kubectl, namespace: str, ope
         timeout=30,
         what="coscheduling PodGroup",
     )
+    assert group is not None
     assert group["spec"]["minMember"] == 2 and group["spec"]["scheduleTimeoutSeconds"] == 60
     group = kubectl.wait_for(
         lambda: kubectl.get("podgroups.scheduling.volcano.sh", "volcanic", namespace),
         timeout=30,
         what="volcano PodGroup",
     )
+    assert group is not None
     assert group["spec"]["queue"] == "research"
     pods = kubectl.wait_for(lambda: workers(kubectl, namespace, "volcanic"), timeout=30, what="volcano pods")
     assert pods[0]["metadata"]["annotations"][naming.VOLCANO_GROUP_ANNOTATION] == "volcanic"
@@ -256,6 +262,7 @@ def test_operator_metrics_follow_the_job(
         timeout=20,
         what="Running in /metrics",
     )
+    assert isinstance(text, str)
     assert metric(text, "phalanx_job_workers_ready", **job) == 3
     assert metric(text, "phalanx_job_world_size", **job) == 3
     assert metric(text, "phalanx_job_gpus_requested", **job) == 12
@@ -275,6 +282,7 @@ def test_operator_metrics_follow_the_job(
         timeout=30,
         what="a counted restart in /metrics",
     )
+    assert isinstance(text, str)
     assert metric(text, "phalanx_job_rescales_total", direction="up", **job) == 1
     assert metric(text, "phalanx_job_restart_budget_used", **job) == 1
     assert (
@@ -321,7 +329,7 @@ def test_a_horizontal_pod_autoscaler_can_drive_the_scale_subresource(
     def able_to_scale() -> bool:
         hpa = kubectl.get("hpa", "demo", namespace) or {}
         conditions = {c["type"]: c for c in (hpa.get("status") or {}).get("conditions", [])}
-        able = conditions.get("AbleToScale", {})
+        able: dict[str, str] = conditions.get("AbleToScale", {})
         return able.get("status") == "True" and able.get("reason") == "SucceededGetScale"
 
     # No metrics server runs here, so the HPA cannot compute a target; what matters is that the

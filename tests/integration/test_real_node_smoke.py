@@ -13,10 +13,17 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pytest
 
 from tests.cluster.stop_on_exit import stopped_on_exit
+
+if TYPE_CHECKING:
+    from tests.cluster.node.realnode import RealNode
+
+T = TypeVar("T")
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode]
 
@@ -28,7 +35,7 @@ TORCH_VERSION_PREFIX = os.environ.get("PHALANX_EXPECT_TORCH", "2.13.0")
 
 
 @pytest.fixture(scope="module")
-def real_node(tmp_path_factory):
+def real_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
     """A LocalCluster (no KWOK) with a RealNode as extra component, module scoped.
 
     The API server listens on all addresses and advertises the host's IP, so the
@@ -46,7 +53,7 @@ def real_node(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def namespace(real_node):
+def namespace(real_node: RealNode) -> Iterator[str]:
     ns = f"smoke-{uuid.uuid4().hex[:6]}"
     real_node.kubectl("create", "namespace", ns)
     # the ServiceAccount controller creates "default" asynchronously
@@ -62,7 +69,7 @@ def namespace(real_node):
 # ------------------------------------------------------------------------------ helpers
 
 
-def _wait(pred, timeout, what):
+def _wait(pred: Callable[[], T], timeout: float, what: str) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = pred()
@@ -72,11 +79,11 @@ def _wait(pred, timeout, what):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
-def _apply(node, obj):
+def _apply(node: RealNode, obj: dict[str, Any]) -> None:
     node.kubectl("apply", "-f", "-", input=json.dumps(obj))
 
 
-def _pod(node, name, ns, command, **extra_spec):
+def _pod(node: RealNode, name: str, ns: str, command: list[str], **extra_spec: Any) -> dict[str, Any]:
     spec = {
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 1,
@@ -87,7 +94,7 @@ def _pod(node, name, ns, command, **extra_spec):
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "labels": {}}, "spec": spec}
 
 
-def _get(node, kind, name, ns):
+def _get(node: RealNode, kind: str, name: str, ns: str) -> dict[str, Any] | None:
     out = node.kubectl("get", kind, name, "-n", ns, "-o", "json", check=False)
     return json.loads(out.stdout) if out.returncode == 0 else None
 
@@ -104,8 +111,10 @@ _HOPELESS = {
 }
 
 
-def _wait_phase(node, name, ns, phases=("Succeeded",), timeout=240):
-    def done():
+def _wait_phase(
+    node: RealNode, name: str, ns: str, phases: tuple[str, ...] = ("Succeeded",), timeout: float = 240
+) -> dict[str, Any] | Literal[False] | None:
+    def done() -> dict[str, Any] | Literal[False] | None:
         pod = _get(node, "pod", name, ns)
         status = (pod or {}).get("status", {})
         phase = status.get("phase")
@@ -128,7 +137,7 @@ class _PodError(Exception):
     pass
 
 
-def _logs(node, name, ns):
+def _logs(node: RealNode, name: str, ns: str) -> str:
     out = node.kubectl("logs", name, "-n", ns, check=False)
     return out.stdout + out.stderr
 
@@ -136,7 +145,7 @@ def _logs(node, name, ns):
 # -------------------------------------------------------------------------------- tests
 
 
-def test_node_registers_ready(real_node):
+def test_node_registers_ready(real_node: RealNode) -> None:
     node = json.loads(real_node.kubectl("get", "node", real_node.name, "-o", "json").stdout)
     assert node["metadata"]["labels"].get("phalanx.dev/real-node") == "true"
     ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
@@ -144,7 +153,7 @@ def test_node_registers_ready(real_node):
     taints = {(t["key"], t["effect"]) for t in node["spec"].get("taints") or []}
     assert ("phalanx.dev/real-node", "NoSchedule") in taints, taints
 
-    def trainer_listed():
+    def trainer_listed() -> bool:
         status = json.loads(real_node.kubectl("get", "node", real_node.name, "-o", "json").stdout)
         names = {n for img in status["status"].get("images") or [] for n in img.get("names") or []}
         return any(TRAINER in n for n in names)
@@ -152,7 +161,7 @@ def test_node_registers_ready(real_node):
     _wait(trainer_listed, 60, f"{TRAINER} in the node's status.images")
 
 
-def test_trainer_pod_imports_torch(real_node, namespace):
+def test_trainer_pod_imports_torch(real_node: RealNode, namespace: str) -> None:
     name = "torch-version"
     _apply(
         real_node,
@@ -169,7 +178,7 @@ def test_trainer_pod_imports_torch(real_node, namespace):
     assert name in logs
 
 
-def test_trainer_image_has_phalanx(real_node, namespace):
+def test_trainer_image_has_phalanx(real_node: RealNode, namespace: str) -> None:
     """The Dockerfile's trainer target: phalanx-worker of this checkout (the in-pod helper alone,
     no operator code or dependency) and torchrun."""
     name = "phalanx-import"
@@ -227,7 +236,7 @@ print("OK", me, "<->", other, flush=True)
 """
 
 
-def test_headless_service_dns_and_tcp_between_pods(real_node, namespace):
+def test_headless_service_dns_and_tcp_between_pods(real_node: RealNode, namespace: str) -> None:
     svc = "peers"
     _apply(
         real_node,
@@ -271,7 +280,7 @@ dist.destroy_process_group()
 """
 
 
-def test_torchrun_gloo_allreduce_across_pods(real_node, namespace):
+def test_torchrun_gloo_allreduce_across_pods(real_node: RealNode, namespace: str) -> None:
     """torchrun with c10d rendezvous over a headless Service, gloo all-reduce between 2 pods."""
     svc = "trainers"
     _apply(real_node, {
@@ -308,7 +317,7 @@ print("version", json.load(urllib.request.urlopen(req, context=ctx, timeout=10))
 """
 
 
-def test_pod_reaches_api_server_via_kubernetes_service(real_node, namespace):
+def test_pod_reaches_api_server_via_kubernetes_service(real_node: RealNode, namespace: str) -> None:
     endpoint = real_node.api_endpoint_for_pods()
     assert endpoint, (
         "the 'kubernetes' Service has no non-loopback endpoint: the API server must "

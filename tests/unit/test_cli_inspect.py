@@ -4,6 +4,7 @@ and how they fail (one line on stderr, exit status 1)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
 import json
@@ -295,6 +296,10 @@ def test_under_kubectl_the_program_is_called_kubectl_phalanx(monkeypatch: pytest
 
     monkeypatch.setattr(sys, "argv", ["/usr/local/bin/kubectl-phalanx", "logs"])
     assert cli.parser().prog == "kubectl phalanx"
-    logs = cli.parser()._subparsers._group_actions[0].choices["logs"]  # type: ignore[union-attr]
+    subparsers = cli.parser()._subparsers
+    assert subparsers is not None
+    commands = subparsers._group_actions[0]
+    assert isinstance(commands, argparse._SubParsersAction)
+    logs = commands.choices["logs"]
     assert logs.prog == "kubectl phalanx logs"
     assert logs.get_default("prog") == "kubectl phalanx logs"  # what its error lines begin with

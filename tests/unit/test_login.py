@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes.config import incluster_config
 
 from phalanx.cluster import login as login_module
 from phalanx.cluster.login import Login, LoginError
@@ -144,7 +143,8 @@ def test_a_service_accounts_rotated_token_is_read_again(
     assert login.refresh().token == "first"  # within the minute
     real_now = datetime.now()
     later = type("Later", (datetime,), {"now": classmethod(lambda cls, tz=None: real_now + timedelta(minutes=2))})
-    monkeypatch.setattr(incluster_config.datetime, "datetime", later)
+    # the datetime module as incluster_config imported it (not re-exported, so named by its path)
+    monkeypatch.setattr("kubernetes.config.incluster_config.datetime.datetime", later)
     assert login.refresh().token == "second"
     token.write_text("third")
     assert login.load().token == "third"  # after a 401

@@ -97,7 +97,9 @@ def test_classification() -> None:
         failure = classify(record)
         assert failure is not None
         assert (failure.reason, failure.counted, failure.action) == (reason, counted, action), record
-    assert classify(PodRecord("p", "worker", phase="Running", node_name="n"), node_ready=False).reason == "NodeLost"
+    lost = classify(PodRecord("p", "worker", phase="Running", node_name="n"), node_ready=False)
+    assert lost is not None
+    assert lost.reason == "NodeLost"
     assert classify(PodRecord("p", "worker", phase="Running")) is None
     assert classify(PodRecord("p", "worker", phase="Succeeded")) is None
 
