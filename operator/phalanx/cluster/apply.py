@@ -85,9 +85,9 @@ class RefusalMemory:
         self._jobs: dict[str, tuple[str, str]] = {}
 
     def record(
-        self, job_uid: str, key: tuple[str, str], name: ChildKey, reason: str, message: str, now: datetime
+        self, job_uid: str, key: tuple[str, str], child: ChildKey, reason: str, message: str, now: datetime
     ) -> None:
-        known = self._refusals.setdefault(job_uid, {}).get(name)
+        known = self._refusals.setdefault(job_uid, {}).get(child)
         self._jobs[job_uid] = key
         if known is not None and known.reason == reason:
             # after a freed quota the pauses start short again: the quota controller may lag
@@ -95,12 +95,12 @@ class RefusalMemory:
             refusal = Refusal(reason, message, known.first, now, attempts)
         else:
             refusal = Refusal(reason, message, now, now)
-        self._refusals[job_uid][name] = refusal
+        self._refusals[job_uid][child] = refusal
 
-    def clear(self, job_uid: str, name: ChildKey) -> None:
+    def clear(self, job_uid: str, child: ChildKey) -> None:
         refusals = self._refusals.get(job_uid)
         if refusals is not None:
-            refusals.pop(name, None)
+            refusals.pop(child, None)
             if not refusals:
                 self._refusals.pop(job_uid, None)
                 self._jobs.pop(job_uid, None)

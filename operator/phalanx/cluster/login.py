@@ -16,8 +16,10 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 from kubernetes.client import Configuration
@@ -74,6 +76,18 @@ def _read_and_remove(paths: list[str | None], scratch: Path) -> list[bytes | Non
     return contents
 
 
+def _kubeconfig_documents(files: str) -> Iterator[dict[str, Any]]:
+    """Each readable kubeconfig of ``files`` (joined by ``os.pathsep``), in order; one that cannot
+    be read is skipped (the package's loader says what is wrong with it)."""
+    for path in files.split(os.pathsep):
+        try:
+            config = yaml.safe_load(Path(path).expanduser().read_text()) if path else None
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(config, dict):
+            yield config
+
+
 @dataclass
 class Login:
     """The operator's source of credentials.
@@ -105,14 +119,7 @@ class Login:
     def _kubeconfig_names_a_cluster(self) -> bool:
         """Whether ``$KUBECONFIG`` or ``~/.kube/config`` names a cluster: client-go falls back to
         the service account only when the kubeconfig gives it nothing to talk to."""
-        for path in self._kubeconfig_files().split(os.pathsep):
-            try:
-                config = yaml.safe_load(Path(path).expanduser().read_text()) if path else None
-            except (OSError, yaml.YAMLError):
-                continue
-            if isinstance(config, dict) and config.get("clusters"):
-                return True
-        return False
+        return any(config.get("clusters") for config in _kubeconfig_documents(self._kubeconfig_files()))
 
     def _kubeconfig_files(self) -> str:
         return self.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
@@ -122,12 +129,8 @@ class Login:
         one (the package, left to itself, would take the last)."""
         if self.context:
             return self.context
-        for path in files.split(os.pathsep):
-            try:
-                config = yaml.safe_load(Path(path).expanduser().read_text()) if path else None
-            except (OSError, yaml.YAMLError):
-                continue  # the package's loader says what is wrong with it
-            if isinstance(config, dict) and config.get("current-context"):
+        for config in _kubeconfig_documents(files):
+            if config.get("current-context"):
                 return str(config["current-context"])
         return None
 
