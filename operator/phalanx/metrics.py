@@ -65,6 +65,11 @@ WATCH_RELISTS = Counter(
 WATCH_SYNCED = Gauge(
     "phalanx_watch_synced", "1 while every watch of the resource has a complete list in hand.", ["resource"]
 )
+WATCH_SCOPE_SYNCED = Gauge(
+    "phalanx_watch_scope_synced",
+    '1 when every watch a namespace\'s jobs need ("cluster": a cluster-wide watch) is synced; its jobs wait otherwise.',
+    ["namespace"],
+)
 _PER_JOB = (
     WORKERS_DESIRED,
     WORKERS_READY,
@@ -98,6 +103,11 @@ def observe_informer(resource: str, namespace: str | None, relists: int, synced:
     _relists[scope] = relists
     _synced[scope] = synced
     WATCH_SYNCED.labels(resource).set(1.0 if all(v for (r, _), v in _synced.items() if r == resource) else 0.0)
+
+
+def observe_scope(namespace: str | None, synced: bool) -> None:
+    """Export whether the jobs of a watched namespace can be reconciled (their watches are synced)."""
+    WATCH_SCOPE_SYNCED.labels(namespace or "cluster").set(1.0 if synced else 0.0)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""The CustomResourceDefinitions the cluster tiers install: phalanx's own, the coscheduling
-PodGroup from the scheduler-plugins module download (the one its binaries are built from), and a
-stand-in for Volcano's PodGroup (Volcano's module is not served by the Go module proxy here; the
-stand-in follows its published CRD)."""
+"""The CustomResourceDefinitions the cluster tiers install: phalanx's own and the coscheduling
+PodGroup from the scheduler-plugins module download (the one its binaries are built from). A
+cluster has one gang scheduler as a rule, so the tiers run with that one only: tests of Volcano
+install the stand-in for its PodGroup (Volcano's module is not served by the Go module proxy here;
+the stand-in follows its published CRD) and remove it again (``tests/integration/conftest.py``
+``volcano_api``)."""
 
 from __future__ import annotations
 
@@ -19,5 +21,5 @@ def coscheduling_crd() -> Path:
 
 
 def cluster_crds() -> list[Path]:
-    """What the operator's tiers need installed: TrainingJob and both PodGroup APIs."""
-    return [ROOT / "crds" / crd.CRD_FILE, coscheduling_crd(), VOLCANO_STAND_IN]
+    """What the operator's tiers install: TrainingJob and one gang scheduler's PodGroup API."""
+    return [ROOT / "crds" / crd.CRD_FILE, coscheduling_crd()]

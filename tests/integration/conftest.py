@@ -14,7 +14,9 @@
 - ``kwok_cluster`` (session): ``cluster``, skipping the test when KWOK is not available.
 - ``control_plane`` (session): ``kwok_cluster`` when this harness runs its control plane (API
   server restarts, etcd compaction); skips on an attached cluster.
-- ``crds`` (session): the TrainingJob CRD (from crds/) and both PodGroup CRDs, installed once.
+- ``crds`` (session): the TrainingJob CRD (from crds/) and the coscheduling PodGroup CRD, installed
+  once: one gang scheduler, as on most clusters (the operator watches both PodGroup APIs).
+- ``volcano_api`` (function): Volcano's PodGroup CRD (the stand-in) for one test, removed after it.
 - ``operator`` (function): ``phalanx run`` as a subprocess watching the test's namespace.
 """
 
@@ -34,7 +36,7 @@ import yaml
 
 from phalanx.cluster.login import Credentials
 from tests.cluster.attached import AttachedCluster
-from tests.cluster.crds import cluster_crds
+from tests.cluster.crds import VOLCANO_STAND_IN, cluster_crds
 from tests.cluster.kube import Kubectl, find_kubectl
 from tests.cluster.localcluster import STATE_FILE, LocalCluster
 from tests.cluster.stop_on_exit import stopped_on_exit
@@ -170,7 +172,7 @@ def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[str]
 
 @pytest.fixture(scope="session")
 def crds(kubectl: Kubectl) -> list[str]:
-    """Install (server-side apply) our CRD and both PodGroup APIs once per session."""
+    """Install (server-side apply) our CRD and the coscheduling PodGroup API once per session."""
     names = []
     for path in cluster_crds():
         body = yaml.safe_load(path.read_text())
@@ -179,6 +181,21 @@ def crds(kubectl: Kubectl) -> list[str]:
     for name in names:
         kubectl.run("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
     return names
+
+
+@pytest.fixture
+def volcano_api(kubectl: Kubectl, crds: list[str]) -> Iterator[dict[str, Any]]:
+    """Volcano's PodGroup API for one test; removed afterwards (with every Volcano PodGroup), so
+    the other tests keep running with one gang scheduler's API."""
+    definition: dict[str, Any] = yaml.safe_load(VOLCANO_STAND_IN.read_text())
+    name = definition["metadata"]["name"]
+    kubectl.apply(definition)
+    kubectl.run("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    try:
+        yield definition
+    finally:
+        kubectl.delete("crd", name)
+        kubectl.wait_for(lambda: kubectl.get("crd", name) is None, timeout=60, what=f"crd/{name} removed")
 
 
 @pytest.fixture

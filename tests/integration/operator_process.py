@@ -73,6 +73,9 @@ class OperatorProcess:
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
             "PHALANX_METRICS_PORT": str(self.metrics_port),
+            # the tiers install one gang scheduler's API: the other one is looked for every few
+            # seconds, not every minute, so whatever that does to running jobs shows in every test
+            "PHALANX_ABSENT_API_RECHECK_SECONDS": "2",
             **self.extra_env,
         }
         self.check_alive(expect=False)

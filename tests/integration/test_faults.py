@@ -25,7 +25,6 @@ import yaml
 
 from phalanx.api import crd
 from phalanx.reconcile import naming
-from tests.cluster.crds import VOLCANO_STAND_IN
 from tests.cluster.faultproxy import FaultProxy, Request
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
@@ -448,21 +447,10 @@ def test_pods_deleted_while_the_operator_was_not_watching_are_forgotten_after_th
 # -- 9: a gang scheduler API that is not installed -----------------------------------------------
 
 
-@pytest.fixture
-def volcano_missing(kubectl: Kubectl, crds: list[str]) -> Iterator[dict[str, Any]]:
-    """The Volcano PodGroup CRD is removed for the test and installed again afterwards."""
-    definition: dict[str, Any] = yaml.safe_load(VOLCANO_STAND_IN.read_text())
-    kubectl.delete("crd", definition["metadata"]["name"])
-    try:
-        yield definition
-    finally:
-        kubectl.apply(definition)
-        kubectl.run("wait", "--for=condition=Established", f"crd/{definition['metadata']['name']}", "--timeout=60s")
-
-
 def test_a_gang_scheduler_whose_api_is_missing_stalls_the_job_until_it_is_installed(
-    kubectl: Kubectl, namespace: str, volcano_missing: dict[str, Any], proxy: FaultProxy, operator: OperatorProcess
+    kubectl: Kubectl, namespace: str, proxy: FaultProxy, operator: OperatorProcess, request: pytest.FixtureRequest
 ) -> None:
+    """The tiers install the coscheduling API only: Volcano's comes in the middle of this test."""
     create(kubectl, namespace, gang={"scheduler": "volcano"})
     state = wait_status(
         kubectl, namespace, lambda s: s.get("reason") == "GangSchedulerUnavailable", "reason GangSchedulerUnavailable"
@@ -475,8 +463,7 @@ def test_a_gang_scheduler_whose_api_is_missing_stalls_the_job_until_it_is_instal
     written = {verb for (verb, resource) in proxy.requests if resource == "podgroups" and verb != "list"}
     assert written <= {"watch"}, proxy.requests  # only looked for, never written to
 
-    kubectl.apply(volcano_missing)
-    kubectl.run("wait", "--for=condition=Established", f"crd/{volcano_missing['metadata']['name']}", "--timeout=60s")
+    request.getfixturevalue("volcano_api")  # installed now, removed after the test
     kubectl.wait_for(
         lambda: kubectl.get("podgroups.scheduling.volcano.sh", JOB, namespace), timeout=30, what="the PodGroup"
     )

@@ -149,6 +149,32 @@ def test_coscheduling_binds_a_gang_all_or_nothing_and_at_once_when_capacity_appe
     wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "the job Running", name="big")
 
 
+def test_a_running_coscheduled_gang_is_left_alone_while_volcanos_api_is_absent(
+    kubectl: Kubectl, namespace: str, coscheduling: Coscheduling, pool: NodePool, operator: OperatorProcess
+) -> None:
+    """The tiers install one gang scheduler's API, as most clusters do; the operator looks for the
+    other one every 2 s here (PHALANX_ABSENT_API_RECHECK_SECONDS). Each look that finds nothing
+    must leave this gang's PodGroup alone: no flip to WaitingForPodGroup, no write to the job, no
+    second POST of its PodGroup, no new Ready transition (it restarts the hang-detection clock)."""
+    assert kubectl.get("crd", "podgroups.scheduling.volcano.sh") is None
+    pool.add(1)
+    gang_job(kubectl, namespace, "steady", pool, workers=2, gpus=4)
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 30, name="steady")
+    ready = next(c for c in state["conditions"] if c["type"] == "Ready")
+    job = kubectl.get("trainingjob", "steady", namespace)
+    group = kubectl.get("podgroups.scheduling.x-k8s.io", naming.pod_group_name("steady"), namespace)
+    assert job is not None and group is not None
+    time.sleep(10)  # five looks for the absent API
+    after = kubectl.get("trainingjob", "steady", namespace)
+    assert after is not None
+    assert after["metadata"]["resourceVersion"] == job["metadata"]["resourceVersion"], after["status"]
+    assert next(c for c in after["status"]["conditions"] if c["type"] == "Ready") == ready
+    again = kubectl.get("podgroups.scheduling.x-k8s.io", naming.pod_group_name("steady"), namespace)
+    assert again is not None and again["metadata"]["uid"] == group["metadata"]["uid"]
+    reasons = [event["reason"] for event in kubectl.list("events", namespace)]
+    assert "WaitingForPodGroup" not in reasons, reasons
+
+
 ARRIVAL_GATE = "phalanx.dev/test-arrival"
 
 

@@ -231,7 +231,11 @@ def all_workers_exist(runtime: Runtime, namespace: str, names: list[str]) -> boo
         body = runtime.jobs.get((namespace, name))
         if body is None:
             return False
-        workers = [pod for pod in runtime.children.pods_of(body["metadata"]["uid"]) if pod.role == naming.ROLE_WORKER]
+        workers = [
+            pod
+            for pod in runtime.children.pods_of(body["metadata"]["namespace"], body["metadata"]["uid"])
+            if pod.role == naming.ROLE_WORKER
+        ]
         if not workers:
             return False
     return True
@@ -295,7 +299,7 @@ def all_running(runtime: Runtime, namespace: str, names: list[str]) -> bool:
         body = runtime.jobs.get((namespace, name))
         if body is None:
             return False
-        pods = runtime.children.pods_of(body["metadata"]["uid"])
+        pods = runtime.children.pods_of(body["metadata"]["namespace"], body["metadata"]["uid"])
         if len([pod for pod in pods if pod.role == naming.ROLE_WORKER and pod.phase == "Running"]) < 2:
             return False
     return True

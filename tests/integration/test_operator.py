@@ -182,7 +182,9 @@ def test_deleting_the_job_garbage_collects_every_child(
     kubectl.wait_for(gone, timeout=60, what="children garbage-collected")
 
 
-def test_podgroups_for_each_gang_scheduler(kubectl: Kubectl, namespace: str, operator: OperatorProcess) -> None:
+def test_podgroups_for_each_gang_scheduler(
+    kubectl: Kubectl, namespace: str, volcano_api: dict[str, Any], operator: OperatorProcess
+) -> None:
     create(
         kubectl,
         namespace,

@@ -21,6 +21,7 @@ from phalanx.reconcile.observed import (
     QueuedWorkload,
     Refusal,
     WorkerProgress,
+    child_kind,
     object_record,
     pod_record,
 )
@@ -120,7 +121,7 @@ class World:
                 obj["status"] = {"phase": "Pending"}
                 self.pods[obj["metadata"]["name"]] = obj
             else:
-                self.objects[(obj["kind"], obj["metadata"]["name"])] = obj
+                self.objects[(child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"])] = obj
         for deletion in result.delete:
             pod = self.pods.get(deletion.name)
             if pod is None:

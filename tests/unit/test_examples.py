@@ -85,7 +85,7 @@ def test_infiniband_example_is_strict_about_the_fabric() -> None:
 
 def test_coscheduling_example_creates_a_podgroup_and_labels_pods() -> None:
     world, pod = first_worker("gang-scheduler-plugins.yaml")
-    group = world.objects[("PodGroup", "gang-coscheduling")]
+    group = world.objects[("PodGroup.scheduling.x-k8s.io", "gang-coscheduling")]
     assert group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
     assert group["spec"]["minMember"] == 2
     assert group["spec"]["scheduleTimeoutSeconds"] == 120
@@ -96,7 +96,7 @@ def test_coscheduling_example_creates_a_podgroup_and_labels_pods() -> None:
 
 def test_volcano_example_creates_a_podgroup_and_annotates_pods() -> None:
     world, pod = first_worker("gang-volcano.yaml")
-    group = world.objects[("PodGroup", "gang-volcano")]
+    group = world.objects[("PodGroup.scheduling.volcano.sh", "gang-volcano")]
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
     assert group["spec"]["queue"] == "research"
     assert group["spec"]["priorityClassName"] == "research-normal"
@@ -106,7 +106,7 @@ def test_volcano_example_creates_a_podgroup_and_annotates_pods() -> None:
 
 def test_kueue_example_labels_every_pod_of_the_attempt() -> None:
     world, _ = first_worker("gang-kueue.yaml")
-    assert not [key for key in world.objects if key[0] == "PodGroup"]
+    assert not [key for key in world.objects if key[0].startswith("PodGroup.")]
     for pod in world.workers():
         assert pod["metadata"]["labels"][naming.KUEUE_QUEUE_LABEL] == "team-a"
         assert pod["metadata"]["labels"][naming.KUEUE_POD_GROUP_LABEL] == "gang-kueue-a0"

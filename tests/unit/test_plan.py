@@ -323,7 +323,7 @@ def test_a_waiting_coscheduling_gang_has_its_podgroup_touched_when_nodes_offer_m
     world = World(job(gpus={"count": 2}, gang={"scheduler": "scheduler-plugins"}))
     world.node_capacity = "nodes-1"
     world.settle()
-    group = ("PodGroup", naming.pod_group_name("demo"))
+    group = ("PodGroup.scheduling.x-k8s.io", naming.pod_group_name("demo"))
     assert naming.NODE_CAPACITY_ANNOTATION not in world.objects[group]["metadata"]["annotations"]
     for pod in world.workers():
         world.unschedulable(pod["metadata"]["name"], "0/1 nodes are available: not enough nvidia.com/gpu")

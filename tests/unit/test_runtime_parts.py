@@ -71,11 +71,16 @@ JOB_UID = "uid-demo"
 
 
 def pod(
-    name: str, version: str, phase: str = "Running", node: str = "n1", owner: str | None = JOB_UID
+    name: str,
+    version: str,
+    phase: str = "Running",
+    node: str = "n1",
+    owner: str | None = JOB_UID,
+    namespace: str = "ml",
 ) -> dict[str, object]:
     metadata: dict[str, object] = {
         "name": name,
-        "namespace": "ml",
+        "namespace": namespace,
         "uid": f"pod-{name}",
         "resourceVersion": version,
         "labels": {naming.JOB_NAME_LABEL: "demo", naming.ROLE_LABEL: "worker"},
@@ -94,7 +99,7 @@ def pod(
 
 
 def pods_of(cache: ChildCache, uid: str = JOB_UID) -> dict[str, str]:
-    return {record.name: record.phase for record in cache.pods_of(uid)}
+    return {record.name: record.phase for record in cache.pods_of("ml", uid)}
 
 
 def test_child_cache_knows_which_jobs_wait_for_a_node_as_their_pods_change() -> None:
@@ -108,7 +113,7 @@ def test_child_cache_knows_which_jobs_wait_for_a_node_as_their_pods_change() -> 
     cache.observe("MODIFIED", pod("demo-worker-0", "7"))  # bound now
     assert cache.jobs_waiting_for_nodes() == set()
     cache.observe("MODIFIED", {**waiting, "metadata": {**waiting["metadata"], "resourceVersion": "8"}})  # type: ignore[dict-item]
-    cache.mark_deleting(JOB_UID, "demo-worker-0")  # our deletion: it waits for nothing any more
+    cache.mark_deleting("ml", JOB_UID, "demo-worker-0")  # our deletion: it waits for nothing any more
     assert cache.jobs_waiting_for_nodes() == set()
     cache.observe("MODIFIED", {**waiting, "metadata": {**waiting["metadata"], "resourceVersion": "9"}})  # type: ignore[dict-item]
     assert cache.jobs_waiting_for_nodes() == {("ml", "demo")}
@@ -153,6 +158,55 @@ def test_a_list_replaces_the_cache_and_drops_what_a_watch_gap_deleted() -> None:
     assert len(pods_of(cache)) == 3
     cache.replace("Pod", None, [], "")  # "" : the resource is not served at all
     assert pods_of(cache) == {}
+
+
+def pod_group(api_version: str, version: str) -> dict[str, object]:
+    owner = {"apiVersion": "phalanx.dev/v1alpha1", "kind": "TrainingJob", "name": "demo", "uid": JOB_UID}
+    return {
+        "apiVersion": api_version,
+        "kind": "PodGroup",
+        "metadata": {
+            "name": "demo",
+            "namespace": "ml",
+            "uid": f"group-{api_version}",
+            "resourceVersion": version,
+            "labels": {naming.JOB_NAME_LABEL: "demo"},
+            "ownerReferences": [{**owner, "controller": True}],
+        },
+    }
+
+
+def test_the_two_gang_schedulers_podgroups_are_different_children() -> None:
+    """Both are called PodGroup: an absent Volcano API (its informer hands over an empty list every
+    recheck) must not take the coscheduling PodGroup out of the cache, nor one replace the other."""
+    cache = ChildCache()
+    cache.observe("ADDED", pod_group("scheduling.x-k8s.io/v1alpha1", "5"))
+    coscheduling = ("PodGroup.scheduling.x-k8s.io", "demo")
+    assert set(cache.objects_of("ml", JOB_UID)) == {coscheduling}
+    cache.retain("PodGroup.scheduling.volcano.sh", "ml", set(), "")  # Volcano's CRD is not installed
+    cache.retain("PodGroup.scheduling.volcano.sh", None, set(), "")
+    assert set(cache.objects_of("ml", JOB_UID)) == {coscheduling}
+    cache.observe("ADDED", pod_group("scheduling.volcano.sh/v1beta1", "6"))
+    cache.observe("DELETED", pod_group("scheduling.volcano.sh/v1beta1", "7"))
+    assert set(cache.objects_of("ml", JOB_UID)) == {coscheduling}
+    cache.retain("PodGroup.scheduling.x-k8s.io", "ml", set(), "9")  # its own list: gone during a gap
+    assert cache.objects_of("ml", JOB_UID) == {}
+
+
+def test_a_pod_in_another_namespace_naming_a_jobs_uid_is_not_the_jobs() -> None:
+    """An owner reference names no namespace: an impostor elsewhere with the job's name, labels and
+    UID neither replaces the real worker's record nor takes it away when it goes."""
+    cache = ChildCache()
+    cache.observe("ADDED", pod("demo-worker-0", "5"))
+    impostor = pod("demo-worker-0", "9", phase="Failed", node="n9", namespace="mallory")
+    cache.observe("ADDED", impostor)
+    assert pods_of(cache) == {"demo-worker-0": "Running"}
+    assert [record.node_name for record in cache.pods_of("ml", JOB_UID)] == ["n1"]
+    assert [record.name for record in cache.observed("ml", "demo", JOB_UID, frozenset()).pods] == ["demo-worker-0"]
+    cache.observe("DELETED", impostor)
+    assert pods_of(cache) == {"demo-worker-0": "Running"}
+    cache.retain("Pod", "mallory", set(), "20")  # the impostor's namespace listed empty
+    assert pods_of(cache) == {"demo-worker-0": "Running"}
 
 
 def test_job_cache_replace_forgets_jobs_deleted_during_a_gap() -> None:
@@ -348,9 +402,9 @@ def test_cli_writes_the_crd(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_our_own_deletions_are_visible_before_the_watch_reports_them() -> None:
     cache = ChildCache()
     cache.observe("ADDED", pod("demo-worker-0", "5", phase="Failed"))
-    cache.mark_deleting(JOB_UID, "demo-worker-0")
-    assert cache.pods_of(JOB_UID)[0].deleting
-    cache.mark_deleting(JOB_UID, "not-there")  # unknown pods are ignored
+    cache.mark_deleting("ml", JOB_UID, "demo-worker-0")
+    assert cache.pods_of("ml", JOB_UID)[0].deleting
+    cache.mark_deleting("ml", JOB_UID, "not-there")  # unknown pods are ignored
 
 
 def test_run_hands_kopfs_namespace_options_to_the_informers() -> None:

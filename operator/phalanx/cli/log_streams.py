@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Set
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
@@ -328,22 +328,24 @@ def _opener(client: ApiClient, namespace: str) -> OpenLog:
 
 
 class _PodSink:
-    """Hands the watched pods to FollowedLogs: the first list as the pods found at start."""
+    """Hands the watched pods to FollowedLogs: the first list's pods (they come before its end)
+    as the pods found at start."""
 
     def __init__(self, followed: FollowedLogs) -> None:
         self.followed = followed
         self.listed = False
+        self.first_list: list[dict[str, Any]] = []
 
-    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str, /) -> None:
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str, /) -> None:
         if not self.listed:
             self.listed = True
-            self.followed.initial_pods(objects)
-            return
-        for pod in workers_in_order(objects):  # a relist after 410 Gone: the pods seen afresh
-            self.followed.pod_changed(pod)
+            self.followed.initial_pods(self.first_list)
+            self.first_list = []
 
     def observe(self, event_type: str, obj: Mapping[str, Any], /) -> None:
-        if event_type in ("ADDED", "MODIFIED"):
+        if not self.listed:
+            self.first_list.append(dict(obj))
+        elif event_type in ("ADDED", "MODIFIED"):  # a relist after 410 Gone brings every pod afresh
             self.followed.pod_changed(dict(obj))
 
 
@@ -351,10 +353,8 @@ class _JobSink:
     def __init__(self, followed: FollowedLogs) -> None:
         self.followed = followed
 
-    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str, /) -> None:
-        if objects:
-            self.followed.job_changed(objects[0])
-        else:
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str, /) -> None:
+        if not listed:
             self.followed.job_gone()
 
     def observe(self, event_type: str, obj: Mapping[str, Any], /) -> None:

@@ -37,7 +37,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, controller_of
 from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
-from phalanx.reconcile.observed import ChildKey, Refusal
+from phalanx.reconcile.observed import ChildKey, Refusal, child_kind
 from phalanx.reconcile.plan import Plan, progress_only, status_changed
 
 logger = logging.getLogger(__name__)
@@ -185,6 +185,7 @@ class Execution:
 async def _create(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any], now: datetime) -> None:
     metadata = job["metadata"]
     kind, name = obj["kind"], obj["metadata"]["name"]
+    child = (child_kind(obj["apiVersion"], kind), name)
     try:
         response = await run.client.create(obj)
     except ApiError as error:
@@ -196,10 +197,10 @@ async def _create(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any]
             raise AdmissionRefusedError(f"{kind} {name}", error) from error
         logger.info("creating %s %s/%s refused (%s): %s", kind, metadata["namespace"], name, reason, error.message)
         run.refusals.record(
-            metadata["uid"], (metadata["namespace"], metadata["name"]), (kind, name), reason, error.message, now
+            metadata["uid"], (metadata["namespace"], metadata["name"]), child, reason, error.message, now
         )
         return
-    run.refusals.clear(metadata["uid"], (kind, name))
+    run.refusals.clear(metadata["uid"], child)
     run.children.observe("ADDED", response)
 
 
@@ -207,6 +208,7 @@ async def _name_taken(run: Execution, job: Mapping[str, Any], obj: Mapping[str, 
     """409 on create: ours (a lost response, a cache behind the server) or someone else's."""
     metadata = job["metadata"]
     kind, name = obj["kind"], obj["metadata"]["name"]
+    child = (child_kind(obj["apiVersion"], kind), name)
     try:
         existing = await run.client.get(obj["apiVersion"], kind, metadata["namespace"], name)
     except ApiError as error:
@@ -215,13 +217,13 @@ async def _name_taken(run: Execution, job: Mapping[str, Any], obj: Mapping[str, 
         raise
     owner = controller_of(existing)
     if owner is not None and owner[1] == metadata["uid"]:
-        run.refusals.clear(metadata["uid"], (kind, name))
+        run.refusals.clear(metadata["uid"], child)
         run.children.observe("ADDED", existing)
         return
     holder = f"TrainingJob {owner[0]} (uid {owner[1]})" if owner is not None else "no TrainingJob"
     message = f"{kind} {name} already exists, controlled by {holder}; phalanx leaves it alone"
     job_key = (metadata["namespace"], metadata["name"])
-    run.refusals.record(metadata["uid"], job_key, (kind, name), "NameConflict", message, now)
+    run.refusals.record(metadata["uid"], job_key, child, "NameConflict", message, now)
 
 
 async def _update(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any], uid: str) -> None:
@@ -275,11 +277,11 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
             run.pacer.wrote((namespace, name))
         else:
             return None
-    known = run.children.objects_of(uid)
-    pods = {pod.name: pod for pod in run.children.pods_of(uid)}
+    known = run.children.objects_of(namespace, uid)
+    pods = {pod.name: pod for pod in run.children.pods_of(namespace, uid)}
 
     async def put(obj: Mapping[str, Any]) -> None:
-        ident = (obj["kind"], obj["metadata"]["name"])
+        ident = (child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"])
         record = known.get(ident)
         if obj["kind"] != "Pod" and record is not None and record.uid:
             await _update(run, job, obj, record.uid)
@@ -299,7 +301,7 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
             "v1", kind, namespace, child, grace_seconds=grace, uid=pod.uid if pod is not None and pod.uid else None
         )
         if pod is not None:
-            run.children.mark_deleting(uid, child)
+            run.children.mark_deleting(namespace, uid, child)
 
     await asyncio.gather(*(remove(d.kind, d.name, d.grace_seconds) for d in plan.delete))
     for event in plan.events:

@@ -23,7 +23,7 @@ import json
 import sys
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -39,6 +39,7 @@ from phalanx.reconcile.observed import (
     QueuedWorkload,
     Refusal,
     WorkerProgress,
+    child_kind,
     object_record,
     pod_record,
     queued_workload,
@@ -46,7 +47,7 @@ from phalanx.reconcile.observed import (
 )
 
 JobKey = tuple[str, str]
-ObjectKey = tuple[str, str, str]  # kind, namespace, name
+ObjectKey = tuple[str, str, str]  # child kind, namespace, name
 
 
 def resource_version(body: Mapping[str, Any]) -> int:
@@ -138,7 +139,29 @@ def _uid(body: Mapping[str, Any]) -> str:
     return str((body.get("metadata") or {}).get("uid") or "")
 
 
-class JobCache:
+class ListedSink:
+    """An informer's sink: single events (``observe``) and, after a list whose items were each
+    folded in as they came (page by page, so no list is ever held whole), what the list lacks
+    (``retain``)."""
+
+    def observe(self, event_type: str, obj: Mapping[str, Any], /) -> object:
+        raise NotImplementedError
+
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str, /) -> None:
+        """Everything of ``kind`` in ``namespace`` (None: everywhere) as of ``version`` is ``listed``
+        ((namespace, name); namespace "" for cluster-scoped kinds): the rest is gone. An empty
+        ``version`` means the resource is not there at all."""
+        raise NotImplementedError
+
+    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str) -> None:
+        """A whole list at once."""
+        for obj in objects:
+            self.observe("ADDED", {"kind": kind.partition(".")[0], **obj})
+        listed = {(obj["metadata"].get("namespace", ""), obj["metadata"]["name"]) for obj in objects}
+        self.retain(kind, namespace, listed, version)
+
+
+class JobCache(ListedSink):
     """The latest body of every TrainingJob, newest resourceVersion wins (slimmed: ``_slim``).
 
     ``on_change(key, gone)`` is called for every change; ``gone`` when the job no longer exists.
@@ -182,8 +205,7 @@ class JobCache:
         self.update(obj)
         self._notify(key, False)
 
-    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str) -> None:
-        listed = {(obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objects}
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str) -> None:
         snapshot = _list_version(version)
         for key, body in list(self._bodies.items()):
             in_scope = namespace is None or key[0] == namespace
@@ -191,9 +213,6 @@ class JobCache:
             if in_scope and key not in listed and not newer:
                 self.forget(key)
                 self._notify(key, True)
-        for obj in objects:
-            self.update(obj)
-            self._notify((obj["metadata"]["namespace"], obj["metadata"]["name"]), False)
 
     def forget(self, key: JobKey) -> None:
         self._bodies.pop(key, None)
@@ -223,8 +242,15 @@ class _Entry:
     version: int
 
 
-class ChildCache:
-    """Compact records of pods, Services and PodGroups, by the UID of the job that controls them.
+OwnerKey = tuple[str, str]  # namespace, UID of the controlling TrainingJob
+
+
+class ChildCache(ListedSink):
+    """Compact records of pods, Services and PodGroups, by the namespace and UID of the job that
+    controls them, and by ``child_kind`` (both gang schedulers' PodGroups are called PodGroup).
+
+    A child is read only in its own namespace: an owner reference names no namespace, so a pod
+    elsewhere that names a job's UID is never taken for one of the job's (nor can it replace one).
 
     ``on_change(key)`` names the job (namespace, name) whose children changed; ``on_pod_gone``
     the namespace of a pod that no longer exists.
@@ -235,10 +261,10 @@ class ChildCache:
         on_change: Callable[[JobKey], None] | None = None,
         on_pod_gone: Callable[[str], None] | None = None,
     ) -> None:
-        self._pods: dict[str, dict[str, PodRecord]] = defaultdict(dict)
-        self._objects: dict[str, dict[tuple[str, str], ObjectRecord]] = defaultdict(dict)
+        self._pods: dict[OwnerKey, dict[str, PodRecord]] = defaultdict(dict)
+        self._objects: dict[OwnerKey, dict[ChildKey, ObjectRecord]] = defaultdict(dict)
         self._entries: dict[ObjectKey, _Entry] = {}
-        self._labelled: dict[JobKey, set[tuple[str, str]]] = defaultdict(set)
+        self._labelled: dict[JobKey, set[ChildKey]] = defaultdict(set)
         self._waiting: dict[ObjectKey, JobKey] = {}  # pods the scheduler found no node for, by job
         self._deleted = RecentlyDeleted()
         self._on_change = on_change
@@ -249,8 +275,8 @@ class ChildCache:
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> JobKey | None:
         """Fold one watch event (or API response) in; returns the job it concerns."""
         metadata = body.get("metadata", {})
-        kind = body.get("kind") or "Pod"
-        ident = (kind, metadata.get("namespace", ""), metadata.get("name", ""))
+        kind = shared(child_kind(body.get("apiVersion") or "v1", body.get("kind") or "Pod")) or ""
+        ident = (kind, shared(metadata.get("namespace", "")) or "", metadata.get("name", ""))
         if event_type == "DELETED":
             self._deleted.add(_uid(body))
             return self._remove(ident)
@@ -265,33 +291,33 @@ class ChildCache:
         if known is not None:
             self._unfile(ident, known)
         entry = _Entry(shared(owner[1]) if owner else None, shared(owner[0]) if owner else None, shared(label), version)
-        ident = (ident[0], shared(ident[1]) or "", ident[2])
         self._entries[ident] = entry
         if label:
             self._labelled[(ident[1], label)].add((kind, ident[2]))
         if entry.owner_uid:
+            owner_key = (ident[1], entry.owner_uid)
             if kind == "Pod":
                 record = pod_record(body)
-                self._pods[entry.owner_uid][ident[2]] = record
+                self._pods[owner_key][ident[2]] = record
                 if record.unschedulable_message and record.owner_name and not record.deleting:
                     self._waiting[ident] = (record.namespace, record.owner_name)
             else:
-                self._objects[entry.owner_uid][(kind, ident[2])] = object_record(body)
+                self._objects[owner_key][(kind, ident[2])] = object_record(body)
         key = self._job_of(ident[1], entry)
         self._notify(key)
         return key
 
-    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str) -> None:
-        """A list of every ``kind`` in ``namespace``: what is missing from it is gone."""
-        listed = {(kind, obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objects}
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str) -> None:
+        """A complete list of ``kind`` (a ``child_kind``) in ``namespace`` (None: everywhere) as of
+        ``version`` named ``listed`` (namespace, name), each folded in already: what it lacks is
+        gone, unless the cache holds it at a newer version (created after the list's snapshot).
+        Other kinds, the other gang scheduler's PodGroups among them, are left alone."""
         snapshot = _list_version(version)
         for ident, entry in list(self._entries.items()):
-            if ident[0] != kind or (namespace is not None and ident[1] != namespace) or ident in listed:
+            if ident[0] != kind or (namespace is not None and ident[1] != namespace) or ident[1:] in listed:
                 continue
             if snapshot is None or entry.version <= snapshot:
                 self._remove(ident)
-        for obj in objects:
-            self.observe("ADDED", {**obj, "kind": kind})
 
     def _remove(self, ident: ObjectKey) -> JobKey | None:
         entry = self._entries.pop(ident, None)
@@ -314,12 +340,13 @@ class ChildCache:
                 if not names:
                     del self._labelled[(namespace, entry.job_label)]
         if entry.owner_uid:
+            owner_key = (namespace, entry.owner_uid)
             table: dict[Any, Any] = self._pods if kind == "Pod" else self._objects
-            records = table.get(entry.owner_uid)
+            records = table.get(owner_key)
             if records is not None:
                 records.pop(name if kind == "Pod" else (kind, name), None)
                 if not records:
-                    del table[entry.owner_uid]
+                    del table[owner_key]
 
     @staticmethod
     def _job_of(namespace: str, entry: _Entry) -> JobKey | None:
@@ -330,18 +357,19 @@ class ChildCache:
         if key is not None and self._on_change is not None:
             self._on_change(key)
 
-    def mark_deleting(self, owner_uid: str, name: str) -> None:
+    def mark_deleting(self, namespace: str, owner_uid: str, name: str) -> None:
         """Record our own deletion at once, so the next pass does not delete it again while the
         watch's event is still on its way (counting is by UID and does not depend on this)."""
-        record = self._pods.get(owner_uid, {}).get(name)
+        pods = self._pods.get((namespace, owner_uid), {})
+        record = pods.get(name)
         if record is not None and not record.deleting:
-            self._pods[owner_uid][name] = dataclasses.replace(record, deleting=True)
-            self._waiting.pop(("Pod", record.namespace, name), None)
+            pods[name] = dataclasses.replace(record, deleting=True)
+            self._waiting.pop(("Pod", namespace, name), None)
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def foreign(self, namespace: str, job_name: str, job_uid: str) -> frozenset[tuple[str, str]]:
-        """(kind, name) of objects labelled with this job's name that this job does not control."""
+    def foreign(self, namespace: str, job_name: str, job_uid: str) -> frozenset[ChildKey]:
+        """(child kind, name) of objects labelled with this job's name that this job does not control."""
         names = self._labelled.get((namespace, job_name), set())
         return frozenset(
             (kind, name)
@@ -363,12 +391,12 @@ class ChildCache:
         goes away asks this, so it must not walk every pod)."""
         return set(self._waiting.values())
 
-    def objects_of(self, job_uid: str) -> dict[tuple[str, str], ObjectRecord]:
-        """Services and PodGroups the job controls, by (kind, name)."""
-        return dict(self._objects.get(job_uid, {}))
+    def objects_of(self, namespace: str, job_uid: str) -> dict[ChildKey, ObjectRecord]:
+        """Services and PodGroups the job controls, by (child kind, name)."""
+        return dict(self._objects.get((namespace, job_uid), {}))
 
-    def pods_of(self, job_uid: str) -> tuple[PodRecord, ...]:
-        return tuple(sorted(self._pods.get(job_uid, {}).values(), key=lambda pod: pod.name))
+    def pods_of(self, namespace: str, job_uid: str) -> tuple[PodRecord, ...]:
+        return tuple(sorted(self._pods.get((namespace, job_uid), {}).values(), key=lambda pod: pod.name))
 
     def observed(
         self,
@@ -386,8 +414,8 @@ class ChildCache:
         workload: QueuedWorkload | None = None,
     ) -> Observed:
         return Observed(
-            pods=self.pods_of(job_uid),
-            objects=dict(self._objects.get(job_uid, {})),
+            pods=self.pods_of(namespace, job_uid),
+            objects=self.objects_of(namespace, job_uid),
             unready_nodes=unready_nodes,
             progress=progress,
             completion=completion,
@@ -403,7 +431,7 @@ class ChildCache:
         return len([ident for ident in self._entries if ident[0] == "Pod"])
 
 
-class NodeCache:
+class NodeCache(ListedSink):
     """Names of nodes whose Ready condition is not True, and a fingerprint of what the schedulable
     nodes offer.
 
@@ -474,12 +502,9 @@ class NodeCache:
         if self._on_capacity is not None:
             self._on_capacity()
 
-    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str) -> None:
-        listed = {obj["metadata"]["name"] for obj in objects}
-        for name in self._known - listed:
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str) -> None:
+        for name in self._known - {name for _, name in listed}:
             self.observe("DELETED", {"metadata": {"name": name}})
-        for obj in objects:
-            self.observe("ADDED", obj)
 
     def unready(self) -> frozenset[str]:
         return frozenset(self._unready)
@@ -525,7 +550,7 @@ def _offer(node: Mapping[str, Any]) -> str | None:
     return json.dumps([sorted(allocatable.items()), taints], separators=(",", ":"))
 
 
-class WorkloadCache:
+class WorkloadCache(ListedSink):
     """Kueue's Workloads of pod groups, by namespace and name.
 
     ``on_change(namespace, name)`` is called when one came, changed or went.
@@ -546,12 +571,9 @@ class WorkloadCache:
         if self._workloads.get(key) != before and self._on_change is not None:
             self._on_change(*key)
 
-    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str) -> None:
-        listed = {(obj["metadata"].get("namespace", ""), obj["metadata"]["name"]) for obj in objects}
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str) -> None:
         for key in [k for k in self._workloads if namespace in (None, k[0]) and k not in listed]:
             self.observe("DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
-        for obj in objects:
-            self.observe("ADDED", obj)
 
     def get(self, namespace: str, name: str) -> QueuedWorkload | None:
         return self._workloads.get((namespace, name))

@@ -7,7 +7,9 @@ deletions). kopf offers neither, so the operator lists and watches itself:
 
 - ``synced`` is set once a complete list has been handed to the sink, and cleared while a relist
   is under way, so nothing plans from a half-replaced view;
-- every list *replaces* the sink's objects of this scope (objects missing from it are gone);
+- every list *replaces* the sink's objects of this scope (objects missing from it are gone); its
+  items are folded into the sink page by page as they arrive, so a relist of thousands of pods
+  never holds more than one page of full bodies;
 - a watch resumes from the last resourceVersion it saw (bookmarks keep that fresh); ``410 Gone``
   or an expired list continuation leads to a new list;
 - a resource the API server does not serve (404: a gang scheduler's CRD is not installed), or an
@@ -21,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
 
 from phalanx.cluster.client import ApiClient, ApiError
+from phalanx.reconcile.observed import child_kind
 
 logger = logging.getLogger(__name__)
 
@@ -52,16 +55,23 @@ class Resource:
     def __str__(self) -> str:
         return f"{self.plural}.{self.api_version}"
 
+    @property
+    def child_kind(self) -> str:
+        """The kind qualified by its API group, as the sinks tell kinds apart."""
+        return child_kind(self.api_version, self.kind)
+
 
 class Sink(Protocol):
-    """What an informer feeds: a whole list for one scope, then single events."""
-
-    def replace(self, kind: str, namespace: str | None, objects: list[dict[str, Any]], version: str, /) -> None:
-        """``objects`` are all there are in ``namespace`` (None: everywhere) as of ``version``;
-        an empty ``version`` means the resource is not there at all."""
+    """What an informer feeds: a list's items and then single events (``observe``), and after
+    each complete list what it named (``retain``)."""
 
     def observe(self, event_type: str, obj: Mapping[str, Any], /) -> object:
-        """One watch event."""
+        """One watch event, or one listed item (as ADDED)."""
+
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str, /) -> None:
+        """``listed`` ((namespace, name)) are all the ``kind`` (a child kind: qualified by its
+        API group) there is in ``namespace`` (None: everywhere) as of ``version``; an empty
+        ``version`` means the resource is not there at all."""
 
 
 class ExpiredError(Exception):
@@ -110,8 +120,9 @@ class Informer:
         return {key: value for key, value in selectors.items() if value}
 
     async def list_once(self) -> None:
-        """List every page, then hand the whole result to the sink at once."""
-        items: list[dict[str, Any]] = []
+        """List every page, folding each page's items into the sink as it arrives (the sink keeps
+        what it needs of each, and the page is let go), then tell the sink what the list named."""
+        listed: set[tuple[str, str]] = set()
         params = {**self._params(), "limit": LIST_PAGE}
         version = ""
         while True:
@@ -121,17 +132,21 @@ class Informer:
                 if error.status == 410:
                     raise ExpiredError(error.message) from error
                 raise
-            for item in page.get("items", []):
+            items = page.pop("items", None) or []
+            metadata = page.get("metadata", {})
+            for item in items:
                 item.setdefault("kind", self.resource.kind)
                 item.setdefault("apiVersion", self.resource.api_version)
-                items.append(item)
-            metadata = page.get("metadata", {})
+                item_metadata = item.get("metadata") or {}
+                listed.add((item_metadata.get("namespace", ""), item_metadata.get("name", "")))
+                self.sink.observe("ADDED", item)
+            del items, page  # only the sink's records of this page stay
             version = metadata.get("resourceVersion", version)
             token = metadata.get("continue")
             if not token:
                 break
             params["continue"] = token
-        self.sink.replace(self.resource.kind, self.namespace, items, version)
+        self.sink.retain(self.resource.child_kind, self.namespace, listed, version)
         self.resource_version = version
         if self.lists:
             self.relists += 1
@@ -224,7 +239,7 @@ class Informer:
             logger.warning("%s is %s; looking again every %.0fs", self, reason, ABSENT_RECHECK_SECONDS)
         self.absent = True
         self.absent_reason = reason
-        self.sink.replace(self.resource.kind, self.namespace, [], "")
+        self.sink.retain(self.resource.child_kind, self.namespace, set(), "")
         self.synced.set()
         self._changed()
         await asyncio.sleep(ABSENT_RECHECK_SECONDS)

@@ -187,7 +187,7 @@ class ProgressPoller:
                 attempt = int(status.get("attempt") or 0)
             except (TypeError, ValueError):
                 continue
-            pods = self._children.pods_of(str(body["metadata"].get("uid", "")))
+            pods = self._children.pods_of(key[0], str(body["metadata"].get("uid", "")))
             worker = reporting_worker(pods, attempt) if phase in TRAINING else None
             if worker is not None:
                 scrapes.append(self._scrape_worker(key, worker, attempt))

@@ -215,5 +215,6 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         "requests": runtime.client.requests,
         "pods": runtime.children.pod_count(),
         "synced": runtime.synced(),
+        "unsynced": runtime.unsynced_scopes(),
         "leading": leading,
     }

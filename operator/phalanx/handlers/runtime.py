@@ -1,9 +1,11 @@
 """The operator's shared state, created at start-up and reached from handlers through kopf's memo.
 
 It wires the informers to the caches and the caches to the work queue: a change to a job, to
-one of its children or to a node its pods run on asks for a pass over that job. Passes wait for
-every informer to be synced (a complete list in hand); the moment the last one is, every job
-gets a pass.
+one of its children or to a node its pods run on asks for a pass over that job. A pass over a
+job waits until every informer of the job's namespace (and every cluster-wide one) is synced (a
+complete list in hand); the moment the last one is, every job there gets a pass. A namespace
+whose informers cannot sync (its RoleBinding was removed) holds only its own jobs: it is logged,
+exported (``phalanx_watch_scope_synced``) and shown by the health probe.
 """
 
 from __future__ import annotations
@@ -172,15 +174,32 @@ class Runtime:
 
     def _informer_changed(self, informer: Informer) -> None:
         metrics.observe_informer(str(informer.resource), informer.namespace, informer.relists, informer.synced.is_set())
-        if informer.synced.is_set() and self.synced():
-            for key in self.jobs.keys():  # noqa: SIM118 - JobCache, not a dict
+        for scope in self.scopes():
+            metrics.observe_scope(scope, self.synced(scope))
+        if not informer.synced.is_set():
+            return
+        for key in self.jobs.keys():  # noqa: SIM118 - JobCache, not a dict
+            if informer.namespace in (None, key[0]) and self.synced(key[0]):
                 self.queue.enqueue(key)
 
     # -- what a pass reads -----------------------------------------------------------------------
 
-    def synced(self) -> bool:
-        """Every cache a pass reads has a complete list in hand."""
-        return all(informer.synced.is_set() for informer in self.informers)
+    def scopes(self) -> list[str | None]:
+        """The namespaces watched one by one (None: the whole cluster at once)."""
+        return list(dict.fromkeys(informer.namespace for informer in self.informers if informer.resource.namespaced))
+
+    def synced(self, namespace: str | None = None) -> bool:
+        """Every cache a pass over a job in ``namespace`` reads has a complete list in hand: the
+        informers of that namespace and the cluster-wide ones (None: every informer)."""
+        return all(
+            informer.synced.is_set()
+            for informer in self.informers
+            if namespace is None or informer.namespace in (None, namespace)
+        )
+
+    def unsynced_scopes(self) -> list[str]:
+        """Namespaces (or "cluster" for a cluster-wide watch) whose jobs wait for a complete list."""
+        return [scope or "cluster" for scope in self.scopes() if not self.synced(scope)]
 
     def missing_apis(self, namespace: str) -> dict[str, str]:
         """PodGroup APIs the operator cannot use in a namespace, with the reason."""

@@ -43,8 +43,8 @@ async def _refresh(runtime: Runtime, key: JobKey) -> None:
 
 async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
     """One pass over one TrainingJob; returns seconds until it wants another pass."""
-    if not runtime.synced():
-        return None  # every job gets a pass the moment the last informer is synced
+    if not runtime.synced(key[0]):
+        return None  # every job gets a pass the moment the last informer of its namespace is synced
     body = runtime.jobs.get(key)
     if body is None:
         return None

@@ -115,7 +115,14 @@ class Completion:
 
 
 ChildKey = tuple[str, str]
-"""(kind, name) of a child: the store's Service and pod share a name."""
+"""(child kind, name) of a child: the store's Service and pod share a name (``child_kind``)."""
+
+
+def child_kind(api_version: str, kind: str) -> str:
+    """The kind that tells a job's children apart: qualified by its API group outside the core
+    group, since both gang schedulers call theirs PodGroup (``PodGroup.scheduling.x-k8s.io``)."""
+    group = api_version.rpartition("/")[0]
+    return f"{kind}.{group}" if group else kind
 
 
 @dataclass(frozen=True)
@@ -137,14 +144,15 @@ class Observed:
     """Everything observed about one TrainingJob's children."""
 
     pods: tuple[PodRecord, ...] = ()
-    objects: Mapping[tuple[str, str], ObjectRecord] = field(default_factory=dict)
+    objects: Mapping[ChildKey, ObjectRecord] = field(default_factory=dict)
+    """Services and PodGroups by (``child_kind``, name)."""
     unready_nodes: frozenset[str] = frozenset()
     progress: WorkerProgress | None = None
     completion: Completion | None = None
-    foreign: frozenset[tuple[str, str]] = frozenset()
-    """(kind, name) of objects labelled with this job's name that another owner (or none) controls."""
+    foreign: frozenset[ChildKey] = frozenset()
+    """(child kind, name) of objects labelled with this job's name that another owner (or none) controls."""
     refusals: Mapping[ChildKey, Refusal] = field(default_factory=dict)
-    """By (kind, name): creations the API server refused for a reason that may pass."""
+    """By (child kind, name): creations the API server refused for a reason that may pass."""
     missing_apis: Mapping[str, str] = field(default_factory=dict)
     """API (e.g. ``scheduling.x-k8s.io/v1alpha1 podgroups``) -> why the operator cannot use it."""
     node_capacity: str = ""
@@ -163,7 +171,7 @@ class Observed:
         return next((pod for pod in self.pods if pod.role == naming.ROLE_RENDEZVOUS), None)
 
     def has(self, kind: str, name: str) -> bool:
-        """Whether a Service or PodGroup exists."""
+        """Whether a Service or PodGroup exists (``kind``: its ``child_kind``)."""
         return (kind, name) in self.objects
 
 

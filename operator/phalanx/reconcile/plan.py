@@ -33,7 +33,7 @@ from phalanx.reconcile import capacity, desired, naming
 from phalanx.reconcile.environment import Launch, resolve_launch
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.failures import Failure, classify
-from phalanx.reconcile.observed import Observed, PodRecord, Refusal
+from phalanx.reconcile.observed import Observed, PodRecord, Refusal, child_kind
 from phalanx.reconcile.status import PhaseView, conditions, format_time, parse_time
 
 Object = dict[str, Any]
@@ -164,7 +164,7 @@ class _Pass:
         """Apply an object that is missing or differs from what we last applied."""
         if obj is None:
             return
-        record = self.observed.objects.get((obj["kind"], obj["metadata"]["name"]))
+        record = self.observed.objects.get((child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"]))
         if record is not None and record.spec_hash == obj["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]:
             return
         if record is not None or self.may_create(obj):
@@ -173,7 +173,7 @@ class _Pass:
     def may_create(self, obj: Object) -> bool:
         """Whether to create a child now: not while its name is held by an object we do not own,
         nor before the pause after a refusal has passed (the reason goes to status)."""
-        kind, name = obj["kind"], obj["metadata"]["name"]
+        kind, name = child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"]
         if (kind, name) in self.observed.foreign:
             self.blocked.append(
                 (
@@ -239,7 +239,8 @@ class _Pass:
         scheduler tries the gang again at once; otherwise it stays as it was (no needless writes)."""
         if self.spec.gang.scheduler != "scheduler-plugins":
             return None
-        record = self.observed.objects.get(("PodGroup", naming.pod_group_name(self.job.metadata.name)))
+        kind = child_kind(desired.COSCHEDULING_API, "PodGroup")
+        record = self.observed.objects.get((kind, naming.pod_group_name(self.job.metadata.name)))
         waiting = any(pod.unschedulable_message and not pod.deleting for pod in self.observed.workers())
         if waiting and self.observed.node_capacity:
             return self.observed.node_capacity
@@ -346,7 +347,9 @@ class _Pass:
             return PhaseView("Restarting", "Backoff", f"attempt {attempt} starts at {self.memory.restart_not_before}")
         if stale:
             return PhaseView("Restarting", "GangRestart", f"waiting for {len(stale)} old worker(s) to stop")
-        if group is not None and not self.observed.has("PodGroup", group["metadata"]["name"]):
+        if group is not None and not self.observed.has(
+            child_kind(group["apiVersion"], group["kind"]), group["metadata"]["name"]
+        ):
             return PhaseView("Pending", "WaitingForPodGroup", "waiting for the PodGroup to exist")
 
         resized = self.kueue_group_resized(current)
