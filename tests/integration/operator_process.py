@@ -34,14 +34,14 @@ class OperatorProcess:
         kubeconfig: Path,
         log: Path,
         *,
-        namespace: str | None = None,
+        namespace: str | Sequence[str] | None = None,
         extra_env: dict[str, str] | None = None,
         python_options: Sequence[str] = (),
     ) -> None:
         self.kubeconfig = kubeconfig
         self.python_options = list(python_options)  # before `-m phalanx`: a profiler's `-m memray run -o F`
         self.log_path = log
-        self.namespace = namespace
+        self.namespaces = [namespace] if isinstance(namespace, str) else list(namespace or ())
         self.metrics_port = free_port()
         self.health_port = free_port()
         self.extra_env = extra_env or {}
@@ -58,7 +58,7 @@ class OperatorProcess:
         return self.start()
 
     def start(self) -> OperatorProcess:
-        scope = [f"--namespace={self.namespace}"] if self.namespace else ["--all-namespaces"]
+        scope = [f"--namespace={name}" for name in self.namespaces] or ["--all-namespaces"]
         command = [
             sys.executable,
             *self.python_options,

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
+import pathlib
 import time
+import uuid
 from typing import Any
 
 import pytest
 
 from phalanx.reconcile import naming
 from tests.cluster.kube import Kubectl
+from tests.integration.chart_identity import IDENTITY_KINDS, render, token_kubeconfig
 from tests.integration.operator_process import OperatorProcess
 from tests.unit.jobs import manifest
 
@@ -180,6 +183,50 @@ def test_deleting_the_job_garbage_collects_every_child(
         )
 
     kubectl.wait_for(gone, timeout=60, what="children garbage-collected")
+
+
+def test_a_namespace_the_operator_cannot_list_holds_only_its_own_jobs(
+    kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, gpu_nodes: list[str], tmp_path: pathlib.Path
+) -> None:
+    """Two watched namespaces, the chart's RoleBinding missing in one (removed by hand, or not
+    made yet): that namespace's informers get 403 and retry, and its jobs wait; the other's jobs
+    run. Once the RoleBinding is back, the waiting namespace syncs and its job runs too."""
+    locked = f"{namespace}-locked"
+    kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": locked}})
+    release = f"phx-{uuid.uuid4().hex[:6]}"
+    rendered = render(
+        release, namespace, f"watchNamespaces={{{namespace},{locked}}}", "rbac.aggregateToDefaultRoles=false"
+    )
+    identity = [obj for obj in rendered if obj["kind"] in IDENTITY_KINDS]
+    for obj in identity:
+        if not obj["kind"].startswith("Cluster"):
+            obj["metadata"].setdefault("namespace", namespace)
+    missing = [obj for obj in identity if obj["kind"] == "RoleBinding" and obj["metadata"]["namespace"] == locked]
+    assert len(missing) == 1
+    try:
+        kubectl.apply([obj for obj in identity if obj not in missing])
+        account = next(obj for obj in identity if obj["kind"] == "ServiceAccount")["metadata"]["name"]
+        token = kubectl.run("create", "token", account, f"--namespace={namespace}", "--duration=1h").stdout.strip()
+        as_operator = token_kubeconfig(kubeconfig, token, tmp_path / "operator.kubeconfig")
+        with OperatorProcess(as_operator, tmp_path / "operator.log", namespace=[namespace, locked]) as operator:
+            create(kubectl, namespace, **GPU_JOB)
+            create(kubectl, locked, "waits", **GPU_JOB)
+            wait_phase(kubectl, namespace, "Running", timeout=60)
+            text = operator.metrics()
+            assert metric(text, "phalanx_watch_scope_synced", namespace=namespace) == 1.0, text
+            assert metric(text, "phalanx_watch_scope_synced", namespace=locked) == 0.0, text
+            assert job_status(kubectl, locked, "waits") == {}
+            assert f"in {locked} failed" in operator.log() and "forbidden" in operator.log()
+
+            kubectl.apply(missing)
+            wait_phase(kubectl, locked, "Running", name="waits", timeout=90)
+            assert metric(operator.metrics(), "phalanx_watch_scope_synced", namespace=locked) == 1.0
+            assert "Traceback" not in operator.log()
+    finally:
+        kubectl.delete("namespace", locked, wait=False)
+        for obj in identity:
+            if obj["kind"].startswith("Cluster"):
+                kubectl.delete(obj["kind"].lower(), obj["metadata"]["name"], wait=False)
 
 
 def test_podgroups_for_each_gang_scheduler(
