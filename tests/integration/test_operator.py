@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import pathlib
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -185,48 +187,112 @@ def test_deleting_the_job_garbage_collects_every_child(
     kubectl.wait_for(gone, timeout=60, what="children garbage-collected")
 
 
+@contextlib.contextmanager
+def operator_of_two_namespaces(
+    kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, directory: pathlib.Path, *, bind_other: bool = True
+) -> Iterator[tuple[OperatorProcess, str, list[dict[str, Any]]]]:
+    """The operator watching ``namespace`` and a second namespace made here, under the chart's
+    identity for both (without its RoleBinding in the second unless ``bind_other``); yields the
+    operator, the second namespace and the RoleBinding left out."""
+    other = f"{namespace}-b"
+    kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}})
+    rendered = render(
+        f"phx-{uuid.uuid4().hex[:6]}", namespace, f"watchNamespaces={{{namespace},{other}}}",
+        "rbac.aggregateToDefaultRoles=false",
+    )  # fmt: skip
+    identity = [obj for obj in rendered if obj["kind"] in IDENTITY_KINDS]
+    for obj in identity:
+        if not obj["kind"].startswith("Cluster"):
+            obj["metadata"].setdefault("namespace", namespace)
+    left_out = [
+        obj
+        for obj in identity
+        if not bind_other and obj["kind"] == "RoleBinding" and obj["metadata"]["namespace"] == other
+    ]
+    try:
+        kubectl.apply([obj for obj in identity if obj not in left_out])
+        account = next(obj for obj in identity if obj["kind"] == "ServiceAccount")["metadata"]["name"]
+        token = kubectl.run("create", "token", account, f"--namespace={namespace}", "--duration=1h").stdout.strip()
+        as_operator = token_kubeconfig(kubeconfig, token, directory / "operator.kubeconfig")
+        with OperatorProcess(as_operator, directory / "operator.log", namespace=[namespace, other]) as operator:
+            yield operator, other, left_out
+            assert "Traceback" not in operator.log()
+    finally:
+        kubectl.delete("namespace", other, wait=False)
+        for obj in identity:
+            if obj["kind"].startswith("Cluster"):
+                kubectl.delete(obj["kind"].lower(), obj["metadata"]["name"], wait=False)
+
+
 def test_a_namespace_the_operator_cannot_list_holds_only_its_own_jobs(
     kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, gpu_nodes: list[str], tmp_path: pathlib.Path
 ) -> None:
     """Two watched namespaces, the chart's RoleBinding missing in one (removed by hand, or not
     made yet): that namespace's informers get 403 and retry, and its jobs wait; the other's jobs
     run. Once the RoleBinding is back, the waiting namespace syncs and its job runs too."""
-    locked = f"{namespace}-locked"
-    kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": locked}})
-    release = f"phx-{uuid.uuid4().hex[:6]}"
-    rendered = render(
-        release, namespace, f"watchNamespaces={{{namespace},{locked}}}", "rbac.aggregateToDefaultRoles=false"
-    )
-    identity = [obj for obj in rendered if obj["kind"] in IDENTITY_KINDS]
-    for obj in identity:
-        if not obj["kind"].startswith("Cluster"):
-            obj["metadata"].setdefault("namespace", namespace)
-    missing = [obj for obj in identity if obj["kind"] == "RoleBinding" and obj["metadata"]["namespace"] == locked]
-    assert len(missing) == 1
-    try:
-        kubectl.apply([obj for obj in identity if obj not in missing])
-        account = next(obj for obj in identity if obj["kind"] == "ServiceAccount")["metadata"]["name"]
-        token = kubectl.run("create", "token", account, f"--namespace={namespace}", "--duration=1h").stdout.strip()
-        as_operator = token_kubeconfig(kubeconfig, token, tmp_path / "operator.kubeconfig")
-        with OperatorProcess(as_operator, tmp_path / "operator.log", namespace=[namespace, locked]) as operator:
-            create(kubectl, namespace, **GPU_JOB)
-            create(kubectl, locked, "waits", **GPU_JOB)
-            wait_phase(kubectl, namespace, "Running", timeout=60)
-            text = operator.metrics()
-            assert metric(text, "phalanx_watch_scope_synced", namespace=namespace) == 1.0, text
-            assert metric(text, "phalanx_watch_scope_synced", namespace=locked) == 0.0, text
-            assert job_status(kubectl, locked, "waits") == {}
-            assert f"in {locked} failed" in operator.log() and "forbidden" in operator.log()
+    with operator_of_two_namespaces(kubectl, kubeconfig, namespace, tmp_path, bind_other=False) as running:
+        operator, locked, missing = running
+        create(kubectl, namespace, **GPU_JOB)
+        create(kubectl, locked, "waits", **GPU_JOB)
+        wait_phase(kubectl, namespace, "Running", timeout=60)
+        text = operator.metrics()
+        assert metric(text, "phalanx_watch_scope_synced", namespace=namespace) == 1.0, text
+        assert metric(text, "phalanx_watch_scope_synced", namespace=locked) == 0.0, text
+        assert job_status(kubectl, locked, "waits") == {}
+        assert f"in {locked} failed" in operator.log() and "forbidden" in operator.log()
 
-            kubectl.apply(missing)
-            wait_phase(kubectl, locked, "Running", name="waits", timeout=90)
-            assert metric(operator.metrics(), "phalanx_watch_scope_synced", namespace=locked) == 1.0
-            assert "Traceback" not in operator.log()
-    finally:
-        kubectl.delete("namespace", locked, wait=False)
-        for obj in identity:
-            if obj["kind"].startswith("Cluster"):
-                kubectl.delete(obj["kind"].lower(), obj["metadata"]["name"], wait=False)
+        kubectl.apply(missing)
+        wait_phase(kubectl, locked, "Running", name="waits", timeout=90)
+        assert metric(operator.metrics(), "phalanx_watch_scope_synced", namespace=locked) == 1.0
+
+
+def test_a_pod_in_another_namespace_posing_as_a_worker_changes_nothing(
+    kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, gpu_nodes: list[str], tmp_path: pathlib.Path
+) -> None:
+    """A tenant of another watched namespace copies a running worker: its name, labels and owner
+    reference (the job's UID), and makes it fail. An owner reference names no namespace, so the
+    operator must not take it for the job's worker: nothing is counted, replaced or restarted."""
+    with operator_of_two_namespaces(kubectl, kubeconfig, namespace, tmp_path) as (operator, elsewhere, _):
+        create(kubectl, namespace, **GPU_JOB)
+        before = wait_phase(kubectl, namespace, "Running", timeout=60)
+        real = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in workers(kubectl, namespace)}
+        victim = kubectl.get("pod", naming.worker_pod_name("demo", 0), namespace)
+        assert victim is not None
+        impostor = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": victim["metadata"]["name"],
+                "namespace": elsewhere,
+                "labels": {**victim["metadata"]["labels"], "kwok.phalanx.dev/exit-code": "1"},
+                "annotations": victim["metadata"].get("annotations", {}),
+                "ownerReferences": victim["metadata"]["ownerReferences"],
+            },
+            "spec": {
+                "nodeName": victim["spec"]["nodeName"],
+                "tolerations": victim["spec"].get("tolerations", []),
+                "containers": [{"name": "trainer", "image": "example/train:1"}],
+            },
+        }
+        kubectl.create(impostor)
+        kubectl.wait_for(
+            lambda: (
+                (kubectl.get("pod", victim["metadata"]["name"], elsewhere) or {"status": {"phase": "Failed"}})
+                .get("status", {})
+                .get("phase")
+                == "Failed"
+            ),
+            timeout=30,
+            what="the impostor failed (or was collected)",
+        )
+        time.sleep(3)  # passes woken by the impostor have run
+        after = job_status(kubectl, namespace)
+        assert (after["phase"], after["attempt"], after["restarts"]) == ("Running", 0, 0), after
+        assert after.get("restartsByReason", {}) == before.get("restartsByReason", {}), after
+        assert {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in workers(kubectl, namespace)} == real
+        reasons = [event["reason"] for event in kubectl.list("events", namespace)]
+        assert "WorkerFailed" not in reasons and "GangRestart" not in reasons, reasons
+        operator.check_alive()
 
 
 def test_podgroups_for_each_gang_scheduler(
