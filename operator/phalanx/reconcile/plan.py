@@ -331,6 +331,7 @@ class _Pass:
             self.stalled = ("GangSchedulerUnavailable", message)
             return PhaseView("Pending", "GangSchedulerUnavailable", message)
         self.ensure(group)
+        self.ensure(desired.job_network_policy(self.job, launch, self.observed.isolation))
         for service in services:
             self.ensure(service)
         store_pod = self.observed.store()
