@@ -358,16 +358,15 @@ class ProgressPoller:
     async def _scrape_store(self, key: JobKey, pod: PodRecord) -> None:
         try:
             text = await self._fetch(pod)
-            if text is None:
-                self._unanswered(key, "store")
-                return
-            completion = await asyncio.to_thread(parse_completion, text)
+            completion = await asyncio.to_thread(parse_completion, text) if text is not None else None
         except Exception as error:
             self.errors += 1
-            self._unanswered(key, "store")
             logger.warning("unreadable status from %s: %s", pod.name, error)
-            return
+            text = completion = None
         if self._jobs.get(key) is None:
+            return  # deleted meanwhile: no series of it comes back
+        if text is None:
+            self._unanswered(key, "store")
             return
         if completion is not None and self._completed.get(key) != completion:
             self._completed[key] = completion
