@@ -139,6 +139,19 @@ def test_a_long_page_of_a_tenants_own_series_is_read_for_the_few_this_operator_n
     assert progress is not None and (progress.world_size, progress.steps) == (6, 12)
 
 
+def test_a_page_of_tiny_lines_up_to_the_cap_is_parsed_in_bounded_memory() -> None:
+    page = TextPage("x 1\n" * ((MAX_PAGE_BYTES - 64) // 4) + "phalanx_worker_world_size 8\n")
+
+    async def scenario() -> tuple[ProgressPoller, int]:
+        return await scrape_once(page.port, measure=True)
+
+    with page:
+        poller, peak = asyncio.run(scenario())
+    progress = poller.get(KEY)
+    assert progress is not None and progress.world_size == 8
+    assert peak < BOUNDED_PEAK, f"parsing a page of {MAX_PAGE_BYTES} bytes of tiny lines allocated {peak} at its peak"
+
+
 def test_a_trickling_worker_costs_one_timeout_and_others_are_read_meanwhile() -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})

@@ -25,6 +25,7 @@ never taken for a hang; each unanswered scrape counts in ``phalanx_job_progress_
 from __future__ import annotations
 
 import asyncio
+import io
 import ipaddress
 import logging
 import math
@@ -69,10 +70,10 @@ def _wanted_lines(text: str, wanted: set[str]) -> str:
     """Only the sample lines of the series read here: a page's other lines (a tenant's own
     metrics, however many) are never parsed."""
     kept = []
-    for line in text.splitlines():
+    for line in io.StringIO(text):  # one line at a time: a page of tiny lines never becomes a list of them
         name = line.split("{", 1)[0].split(None, 1)
         if name and name[0] in wanted:
-            kept.append(line)
+            kept.append(line.rstrip("\r\n"))
     return "\n".join(kept) + "\n"
 
 
