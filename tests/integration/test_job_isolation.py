@@ -96,7 +96,8 @@ def test_the_operator_gives_each_job_a_network_policy_it_owns(
         True,
     )
     assert policy["metadata"]["labels"] == naming.job_labels("demo")
-    assert {entry["manager"] for entry in policy["metadata"]["managedFields"]} == {naming.FIELD_MANAGER}
+    managed = kubectl.json("get", POLICIES, "demo", f"--namespace={namespace}", "--show-managed-fields")
+    assert {entry["manager"] for entry in managed["metadata"]["managedFields"]} == {naming.FIELD_MANAGER}
     members = {"matchLabels": naming.job_labels("demo")}
     assert policy["spec"]["podSelector"] == members and policy["spec"]["policyTypes"] == ["Ingress"]
     own, scrapes = policy["spec"]["ingress"]
