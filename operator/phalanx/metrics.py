@@ -56,6 +56,12 @@ STARTUP = Histogram(
     ["namespace"],
     buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
 )
+PROGRESS_SCRAPE_FAILURES = Counter(
+    "phalanx_job_progress_scrape_failures_total",
+    "Scrapes of a job's reporting worker or rendezvous store that got no readable answer.",
+    [*JOB, "target"],
+)
+PROGRESS_TARGETS = ("worker", "store")
 LEADER = Gauge("phalanx_leader", "1 while this replica holds the leader Lease and reconciles; 0 while it stands by.")
 WATCH_RELISTS = Counter(
     "phalanx_watch_relists_total",
@@ -203,5 +209,8 @@ def forget_job(key: tuple[str, str]) -> None:
     for direction in ("up", "down"):
         with contextlib.suppress(KeyError):
             RESCALES.remove(namespace, name, direction)
+    for target in PROGRESS_TARGETS:
+        with contextlib.suppress(KeyError):
+            PROGRESS_SCRAPE_FAILURES.remove(namespace, name, target)
     if seen is not None:
         _move_job(seen.phase, None, gone=True)

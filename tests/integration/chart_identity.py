@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pathlib
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -94,12 +94,20 @@ def _wait_for_rbac(as_operator: Kubectl, namespace: str) -> None:
 
 @contextmanager
 def chart_identity(
-    kubectl: Kubectl, admin: pathlib.Path, namespace: str, release: str, directory: pathlib.Path
+    kubectl: Kubectl,
+    admin: pathlib.Path,
+    namespace: str,
+    release: str,
+    directory: pathlib.Path,
+    values: Sequence[str] = (),
 ) -> Iterator[pathlib.Path]:
-    """Apply the chart's identity for a namespaced install serving ``namespace``; yield its kubeconfig."""
+    """Apply the chart's identity for a namespaced install serving ``namespace`` (with more
+    ``--set`` values); yield its kubeconfig."""
     objects = [
         obj
-        for obj in render(release, namespace, f"watchNamespaces={{{namespace}}}", "rbac.aggregateToDefaultRoles=false")
+        for obj in render(
+            release, namespace, f"watchNamespaces={{{namespace}}}", "rbac.aggregateToDefaultRoles=false", *values
+        )
         if obj["kind"] in IDENTITY_KINDS
     ]
     kubectl.apply(objects, namespace=namespace)

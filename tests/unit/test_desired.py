@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+import yaml
 
 from phalanx.reconcile import desired, naming
 from phalanx.reconcile.environment import resolve_launch
 from phalanx.reconcile.errors import PlanningError
+from phalanx.reconcile.observed import JobIsolation
+from phalanx.reconcile.plan import plan
 from tests.unit.jobs import job
+from tests.unit.simulation import World
 
 
 def test_children_carry_owner_reference_and_only_our_labels() -> None:
@@ -169,3 +175,110 @@ def test_spec_hash_changes_with_content_only() -> None:
         one["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]
         != other["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]
     )
+
+
+# -- the job's NetworkPolicy (issue 21, defect 5) ------------------------------------------------
+
+OPERATOR_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "phalanx-system"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "phalanx"}},
+}
+
+
+def test_the_jobs_network_policy_admits_its_own_pods_anywhere_and_scrapers_to_the_metrics_port() -> None:
+    parsed = job(template={"spec": {"containers": [{"name": "trainer", "image": "t:1", "env": [
+        {"name": "PHALANX_WORKER_METRICS_PORT", "value": "9500"}]}]}})  # fmt: skip
+    policy = desired.job_network_policy(parsed, resolve_launch(parsed.spec), JobIsolation(scrapers=(OPERATOR_PEER,)))
+    assert policy is not None
+    assert (policy["apiVersion"], policy["kind"], policy["metadata"]["name"]) == (
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        "demo",
+    )
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == parsed.metadata.uid
+    assert policy["metadata"]["labels"] == naming.job_labels("demo")
+    members = {"matchLabels": naming.job_labels("demo")}
+    assert policy["spec"]["podSelector"] == members and policy["spec"]["policyTypes"] == ["Ingress"]
+    own, scrapes = policy["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": members}]}  # no ports: rendezvous, collectives, the store
+    assert scrapes["from"] == [OPERATOR_PEER]
+    assert scrapes["ports"] == [
+        {"port": 9400, "protocol": "TCP"},  # the store's
+        {"port": 9500, "protocol": "TCP"},  # this job's workers'
+        {"port": naming.METRICS_PORT_NAME, "protocol": "TCP"},
+    ]
+    assert desired.job_network_policy(parsed, resolve_launch(parsed.spec), None) is None
+
+
+def test_without_scrapers_no_rule_admits_everyone() -> None:
+    """An ingress rule without ``from`` admits any source: only the job's own rule is rendered."""
+    parsed = job()
+    policy = desired.job_network_policy(parsed, resolve_launch(parsed.spec), JobIsolation())
+    assert policy is not None
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": naming.job_labels("demo")}}]}]
+
+
+def test_the_planner_creates_the_policy_once_when_the_operator_isolates_jobs() -> None:
+    world = World(job())
+    isolated = JobIsolation(scrapers=(OPERATOR_PEER,))
+
+    def reconcile(isolation: JobIsolation | None) -> tuple[str, ...]:
+        result = plan(world.job, replace(world.observed(), isolation=isolation), world.now)
+        world.carry_out(result)
+        return tuple(obj["kind"] for obj in result.apply)
+
+    assert "NetworkPolicy" not in reconcile(None)
+    assert "NetworkPolicy" in reconcile(isolated)
+    assert ("NetworkPolicy", "demo") in world.objects
+    assert "NetworkPolicy" not in reconcile(isolated)  # as desired: no write
+
+
+def test_workers_and_store_know_their_jobs_uid() -> None:
+    parsed = job()
+    launch = resolve_launch(parsed.spec)
+    for pod in (desired.worker_pod(parsed, launch, index=0, attempt=0), desired.rendezvous_store_pod(parsed, launch)):
+        env = {var["name"]: var.get("value") for var in pod["spec"]["containers"][0]["env"]}
+        assert env["PHALANX_JOB_UID"] == parsed.metadata.uid
+
+
+@pytest.mark.parametrize(
+    "peers",
+    [
+        {"podSelector": {}},  # not a list
+        [{"podSelector": {"matchLabels": {"app": "bad value!"}}}],
+        [{"podSelector": {"matchLabel": {"app": "x"}}}],
+        [{"ipBlock": {"cidr": "10.0.0.0/33"}}],
+        [{"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}],
+        [{"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Is", "values": ["a"]}]}}],
+        [{}],
+    ],
+)
+def test_scraper_peers_the_api_server_would_refuse_are_refused_at_start(peers: object) -> None:
+    with pytest.raises(ValueError, match=r"NetworkPolicyPeer|selector|label|ipBlock|\[0\]"):
+        desired.network_policy_peers(peers)
+
+
+def test_scraper_peers_the_api_server_accepts_pass() -> None:
+    peers = [
+        OPERATOR_PEER,
+        {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}},
+        {"namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a", "b"]}]}},
+        {"podSelector": {}},
+    ]
+    assert desired.network_policy_peers(peers) == tuple(peers)
+
+
+def test_the_example_network_policy_is_what_the_operator_renders() -> None:
+    """examples/network-policy/cpu-gloo.yaml stays true to the renderer (owner and hash aside)."""
+    from tests.unit.test_examples import EXAMPLES, load
+
+    parsed = job(load("cpu-gloo.yaml"))
+    operator = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "phalanx-system"}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "phalanx", "app.kubernetes.io/instance": "phalanx"}},
+    }
+    rendered = desired.job_network_policy(parsed, resolve_launch(parsed.spec), JobIsolation(scrapers=(operator,)))
+    assert rendered is not None
+    example = yaml.safe_load((EXAMPLES / "network-policy" / "cpu-gloo.yaml").read_text())
+    del rendered["metadata"]["ownerReferences"], rendered["metadata"]["annotations"]
+    assert example == rendered

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from prometheus_client import generate_latest
+from prometheus_client import REGISTRY, generate_latest
 
 from phalanx.cluster.cache import ChildCache, JobCache
 from phalanx.cluster.progress import ProgressPoller, parse_progress
@@ -16,6 +16,7 @@ from phalanx.worker.metrics import WorkerMetrics
 from tests.unit.jobs import job
 from tests.unit.simulation import World
 from tests.unit.test_progress import free_port, running_job_and_worker
+from tests.unit.text_page import TextPage
 
 DEADLINE = 300
 
@@ -75,11 +76,25 @@ def hang_job(deadline: int | None = DEADLINE, **policy: object) -> World:
     return running(World(job(failurePolicy=failure_policy)))
 
 
+FRESH = timedelta(seconds=45)  # three 15 s poll intervals
+
+
 def reporting(world: World, steps: int, since: datetime) -> None:
     worker = world.workers(attempt=world.status["attempt"])[0]
     world.progress = WorkerProgress(
-        attempt=world.status["attempt"], steps=steps, reporter=worker["metadata"]["uid"], stepped_since=since
+        attempt=world.status["attempt"],
+        steps=steps,
+        reporter=worker["metadata"]["uid"],
+        stepped_since=since,
+        scraped_at=world.now,
+        fresh_until=world.now + FRESH,
     )
+
+
+def answered(world: World) -> None:
+    """The reporter answered a scrape just now, its count unchanged."""
+    assert world.progress is not None
+    world.progress = replace(world.progress, scraped_at=world.now, fresh_until=world.now + FRESH, unanswered=0)
 
 
 def test_a_gang_that_stops_stepping_restarts_counted_with_reason_no_progress() -> None:
@@ -89,6 +104,7 @@ def test_a_gang_that_stops_stepping_restarts_counted_with_reason_no_progress() -
     waiting = world.reconcile()
     assert world.status["phase"] == "Running" and waiting.requeue_after == 1  # it comes back at the deadline
     world.advance(1)
+    answered(world)
     restart = world.reconcile()
     assert world.status["phase"] == "Restarting" and world.status["reason"] == "NoProgress"
     assert world.status["restarts"] == 1 and world.status["restartsByReason"] == {"NoProgress": 1}
@@ -121,6 +137,7 @@ def test_the_clock_starts_no_earlier_than_the_job_became_running_again() -> None
     world.reconcile()
     assert world.status["phase"] == "Running"  # the job became Ready just now: the whole deadline is its own
     world.advance(DEADLINE)
+    answered(world)
     world.reconcile()
     assert world.status["reason"] == "NoProgress"
 
@@ -152,6 +169,7 @@ def test_a_hang_past_the_budget_fails_the_job() -> None:
     world = hang_job(maxRestarts=0)
     reporting(world, 3, world.now)
     world.advance(DEADLINE)
+    answered(world)
     world.reconcile()
     assert world.status["phase"] == "Failed" and world.status["reason"] == "RestartBudgetExhausted"
     assert "no training step" in world.status["message"]
@@ -161,6 +179,7 @@ def test_a_verdict_is_written_once_however_often_the_pass_repeats() -> None:
     world = hang_job()
     reporting(world, 40, world.now)
     world.advance(DEADLINE)
+    answered(world)
     first = world.plan()
     world.carry_out(first, stop_after_status=True)  # SIGKILL right after the status write
     stale = replace(world.progress, attempt=0) if world.progress else None
@@ -168,3 +187,95 @@ def test_a_verdict_is_written_once_however_often_the_pass_repeats() -> None:
     world.reconcile()
     world.reconcile()
     assert world.status["restarts"] == 1 and world.status["attempt"] == 1
+
+
+# -- stale samples: a reporter that stopped answering is no hang -------------------------------
+
+
+def conditions(world: World) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in world.status["conditions"]}
+
+
+def test_a_reporter_that_stops_answering_is_reported_not_counted() -> None:
+    world = hang_job()
+    reporting(world, 40, world.now)
+    world.advance(DEADLINE)  # no answer since: the count of 40 is all the operator knows
+    world.progress = replace(world.progress, unanswered=20) if world.progress else None
+    silent = world.reconcile()
+    assert world.status["phase"] == "Running" and world.status["restarts"] == 0, world.status
+    assert "restartsByReason" not in world.status or not world.status["restartsByReason"]
+    assert not silent.delete
+    assert conditions(world)["Stalled"] == ("True", "ProgressUnknown")
+    [event] = [e for e in silent.events if e.reason == "ProgressUnknown"]
+    assert event.type == "Warning" and "demo-worker-0 last answered a progress scrape at" in event.message
+    assert "20 unanswered since" in event.message
+    again = world.reconcile()  # said once, not at every pass
+    assert not [e for e in again.events if e.reason == "ProgressUnknown"] and world.status["restarts"] == 0
+
+    world.progress = replace(world.progress, steps=41, stepped_since=world.now) if world.progress else None
+    answered(world)  # it answers again, and it did train meanwhile
+    world.reconcile()
+    assert conditions(world)["Stalled"][0] == "False" and world.status["restarts"] == 0
+
+
+def test_a_fresh_answer_after_a_silence_is_judged() -> None:
+    world = hang_job()
+    reporting(world, 40, world.now)
+    world.advance(DEADLINE * 2)
+    world.reconcile()
+    assert world.status["phase"] == "Running" and conditions(world)["Stalled"] == ("True", "ProgressUnknown")
+    answered(world)  # back, and still at 40: a real hang
+    world.reconcile()
+    assert world.status["reason"] == "NoProgress" and world.status["restarts"] == 1
+
+
+def test_a_sample_without_a_scrape_time_is_no_verdict() -> None:
+    world = hang_job()
+    worker = world.workers(attempt=0)[0]
+    world.progress = WorkerProgress(attempt=0, steps=40, reporter=worker["metadata"]["uid"], stepped_since=world.now)
+    world.advance(DEADLINE * 3)
+    world.reconcile()
+    assert world.status["phase"] == "Running" and world.status["restarts"] == 0
+
+
+def scrape_failures(target: str = "worker") -> float:
+    value = REGISTRY.get_sample_value(
+        "phalanx_job_progress_scrape_failures_total", {"namespace": "ml", "name": "demo", "target": target}
+    )
+    return value or 0.0
+
+
+def test_the_poller_keeps_a_silent_reporters_last_answer_with_its_time_and_counts_the_silence() -> None:
+    page = TextPage("phalanx_worker_steps_total 40\n")
+    jobs, children = JobCache(), ChildCache()
+    running_job_and_worker(jobs, children, ip="127.0.0.1", port=page.port)
+    now = [datetime(2026, 12, 1, 8, 0, tzinfo=UTC)]
+    woken: list[tuple[str, str]] = []
+    poller = ProgressPoller(jobs, children, woken.append, interval=15, timeout=0.5, clock=lambda: now[0])
+    key = ("ml", "demo")
+
+    async def poll() -> WorkerProgress | None:
+        async with poller:
+            await poller.poll_once()
+        return poller.get(key)
+
+    with page:
+        first = asyncio.run(poll())
+        assert first is not None and first.steps == 40 and first.scraped_at == now[0] and first.unanswered == 0
+        assert first.fresh_until is not None and first.fresh_until > now[0] + timedelta(seconds=15)
+        answered_at, failures = now[0], scrape_failures()
+        page.status = 503  # the worker trains on, but its scrapes go unanswered
+        for _ in range(4):
+            now[0] += timedelta(seconds=15)
+            silent = asyncio.run(poll())
+        assert silent is not None and silent.steps == 40 and silent.scraped_at == answered_at
+        assert silent.unanswered == 4 and silent.fresh_until is not None and silent.fresh_until < now[0]
+        assert scrape_failures() == failures + 4
+        assert woken == [key]  # a silence wakes nobody: the planner's own requeue comes at the deadline
+
+        page.status = 200  # the same count, answered again
+        now[0] += timedelta(seconds=15)
+        fresh = asyncio.run(poll())
+    assert fresh is not None and fresh.scraped_at == now[0] and fresh.unanswered == 0
+    assert fresh.stepped_since == first.stepped_since  # the same reporter and count: its clock runs on
+    assert woken == [key, key]  # the answer that ends a silence wakes the job to be judged

@@ -43,6 +43,8 @@ def without_uids(obj: Any) -> Any:
     for var in (c for container in body.get("spec", {}).get("containers", []) for c in container.get("env", [])):
         if var["name"] == "PET_RDZV_ID":
             var["value"] = var["value"].split("-")[-1]
+        if var["name"] == "PHALANX_JOB_UID":
+            var["value"] = "UID"
     return body
 
 

@@ -255,7 +255,7 @@ def test_a_gang_scheduler_api_that_is_not_installed_stalls_the_job_without_creat
 
 def test_completion_recorded_in_the_store_ends_the_job_while_its_pods_still_run() -> None:
     world = running(World(job()))
-    world.completion = Completion(attempt=0, step=200, rank=0)
+    world.completion = Completion(attempt=0, step=200, rank=0, job_uid=world.job.metadata.uid)
     plan = world.reconcile()
     assert world.status["phase"] == "Succeeded", world.status
     assert "rank 0 recorded completion at step 200" in world.status["message"]
@@ -263,6 +263,37 @@ def test_completion_recorded_in_the_store_ends_the_job_while_its_pods_still_run(
     world.advance(plan.requeue_after)
     stopped = world.reconcile()
     assert {d.name for d in stopped.delete} >= {naming.worker_pod_name("demo", i) for i in range(3)}
+
+
+def test_a_completion_record_of_another_job_or_attempt_ends_nothing() -> None:
+    """Any pod that reaches the store can set its completion key: only a record naming this job's
+    UID and its current attempt counts."""
+    world = running(World(job()))
+    uid = world.job.metadata.uid
+    for forged in (
+        Completion(attempt=0, step=1, rank=0),  # no job named: a foreign pod, or a worker of an older operator
+        Completion(attempt=0, step=1, rank=0, job_uid="4d6c61a0-0000-0000-0000-00000000dead"),  # another job's
+        Completion(attempt=3, step=1, rank=0, job_uid=uid),  # an attempt this job is not at
+    ):
+        world.completion = forged
+        plan = world.reconcile()
+        assert world.status["phase"] == "Running", (forged, world.status)
+        assert plan.delete == (), forged
+    world.completion = Completion(attempt=0, step=200, rank=0, job_uid=uid)
+    world.reconcile()
+    assert world.status["phase"] == "Succeeded"
+
+
+def test_a_record_of_an_earlier_attempt_does_not_end_the_next_one() -> None:
+    world = running(World(job()))
+    uid = world.job.metadata.uid
+    for index in range(3):  # too few survivors: a gang restart, attempt 1
+        world.terminate(naming.worker_pod_name("demo", index), 1)
+    world.settle()
+    assert world.status["attempt"] >= 1 and world.status["phase"] not in ("Succeeded", "Failed"), world.status
+    world.completion = Completion(attempt=0, step=200, rank=0, job_uid=uid)
+    world.reconcile()
+    assert world.status["phase"] != "Succeeded", world.status
 
 
 # -- specs the operator cannot parse ------------------------------------------------------------

@@ -191,6 +191,7 @@ def test_gpu_series_come_from_nvml_per_device() -> None:
     assert 'phalanx_worker_gpu_memory_used_bytes{gpu="0"} 1024.0' in text
 
 
+JOB_UID = "6b1f5c1e-0d3a-4c7e-9a51-2f0c9d1e7a40"
 ABORTED = re.compile(r"terminate called|SIGABRT|Signal 6|exitcode\s*:\s*-6|Fatal Python error")
 
 
@@ -208,7 +209,7 @@ def test_two_agents_end_their_training_cleanly_and_record_completion_in_the_stor
         store = subprocess.Popen(
             [sys.executable, "-c", STORE_SCRIPT],
             env={**base, "PHALANX_RENDEZVOUS_PORT": str(store_port), "PHALANX_STORE_METRICS_PORT": str(status_port),
-                 "PHALANX_COMPLETION_KEY": COMPLETION_KEY},
+                 "PHALANX_COMPLETION_KEY": COMPLETION_KEY, "PHALANX_JOB_UID": JOB_UID},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
         agents: list[subprocess.Popen[str]] = []
@@ -233,6 +234,7 @@ def test_two_agents_end_their_training_cleanly_and_record_completion_in_the_stor
                     "PET_MONITOR_INTERVAL": "0.2",
                     "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                     "PHALANX_ATTEMPT": "4",
+                    "PHALANX_JOB_UID": JOB_UID,
                     "PHALANX_WORKER_METRICS_PORT": str(free_port()),
                 }
                 agents.append(
@@ -258,10 +260,57 @@ def test_two_agents_end_their_training_cleanly_and_record_completion_in_the_stor
                 assert not ABORTED.search(out), out
                 assert "done rank=" in out and "will restart worker group" not in out, out
             served = scrape(status_port)
-            assert "phalanx_training_completed_attempt 4" in served, served
-            assert "phalanx_training_completed_step 60" in served, served
+            assert f'phalanx_training_completed_attempt{{job="{JOB_UID}"}} 4' in served, served
+            assert f'phalanx_training_completed_step{{job="{JOB_UID}"}} 60' in served, served
         finally:
             for process in (*agents, store):
                 if process.poll() is None:
                     os.killpg(process.pid, signal.SIGKILL)
                     process.wait()
+
+
+def test_the_store_serves_only_a_small_completion_record_that_names_its_own_job() -> None:
+    """Anyone who reaches the store can set the completion key (issue 21, defect 5): the operator's
+    store script, in a process of its own, with records written by a plain TCPStore client as a pod
+    of another namespace would."""
+    import json
+
+    from torch._C._distributed_c10d import TCPStore
+
+    from phalanx.cluster.progress import parse_completion
+    from phalanx.reconcile.desired import STORE_SCRIPT
+    from phalanx.worker.protocol import COMPLETION_KEY
+
+    store_port, status_port = free_port(), free_port()
+    env = {**os.environ, "PHALANX_RENDEZVOUS_PORT": str(store_port), "PHALANX_STORE_METRICS_PORT": str(status_port),
+           "PHALANX_COMPLETION_KEY": COMPLETION_KEY, "PHALANX_JOB_UID": JOB_UID}  # fmt: skip
+    store = subprocess.Popen(
+        [sys.executable, "-c", STORE_SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                scrape(status_port)
+                break
+            except OSError:
+                time.sleep(0.2)
+        intruder = TCPStore("127.0.0.1", store_port, is_master=False, wait_for_workers=False)
+        for forged in (
+            json.dumps({"attempt": 0, "step": 1, "rank": 0}),  # no job named
+            json.dumps({"job": "0d6c61a0-0000-0000-0000-00000000dead", "attempt": 0, "step": 1, "rank": 0}),
+            json.dumps({"job": JOB_UID, "attempt": 0, "step": 1, "rank": 0, "pad": "x" * 8192}),  # too large
+            "not json",
+            json.dumps([JOB_UID, 0]),
+        ):
+            intruder.set(COMPLETION_KEY, forged)
+            served = scrape(status_port)
+            assert "phalanx_training_completed" not in served, (forged, served)
+            assert parse_completion(served) is None
+        intruder.set(COMPLETION_KEY, json.dumps({"job": JOB_UID, "attempt": 2, "step": 90, "rank": 0}))
+        done = parse_completion(scrape(status_port))
+        assert done is not None and (done.job_uid, done.attempt, done.step, done.rank) == (JOB_UID, 2, 90, 0)
+    finally:
+        os.killpg(store.pid, signal.SIGKILL)
+        store.wait()

@@ -8,14 +8,15 @@ import threading
 
 
 class TextPage:
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, status: int = 200) -> None:
         self.text = text
+        self.status = status
         page = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 body = page.text.encode()
-                self.send_response(200)
+                self.send_response(page.status)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

@@ -37,6 +37,13 @@ app.kubernetes.io/name: {{ include "phalanx.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Who may scrape a job's metrics port through its NetworkPolicy (JSON): this release's operator
+pods, then networkPolicy.jobs.scrapersFrom. */}}
+{{- define "phalanx.jobScrapers" -}}
+{{- $operator := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace)) "podSelector" (dict "matchLabels" (include "phalanx.selectorLabels" . | fromYaml)) -}}
+{{- prepend (.Values.networkPolicy.jobs.scrapersFrom | default list) $operator | toJson -}}
+{{- end -}}
+
 {{/* The name the metrics certificate is checked against: by default the Service's DNS name. */}}
 {{- define "phalanx.metricsServerName" -}}
 {{- .Values.metrics.tls.serverName | default (printf "%s.%s.svc" (include "phalanx.metricsServiceName" .) .Release.Namespace) -}}
@@ -83,6 +90,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [scheduling.x-k8s.io, scheduling.volcano.sh]
   resources: [podgroups]
   verbs: [get, list, watch, create, patch]
+{{- if .Values.networkPolicy.jobs.enabled }}
+# Each job's own NetworkPolicy (networkPolicy.jobs): created, applied when it drifts, watched.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch]
+{{- end }}
 # Kueue's Workloads of the jobs' pod groups: read only, to say in status why a gang is queued.
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]

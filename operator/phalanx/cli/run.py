@@ -28,19 +28,30 @@ def watch_scope(kopf_args: list[str]) -> list[str] | None:
     return names
 
 
+JOB_NETWORK_POLICY_FLAG = "--job-network-policy"
+"""Ours, not kopf's: give each job a NetworkPolicy of its own (PHALANX_JOB_NETWORK_POLICY=1)."""
+
+
 def run(kopf_args: list[str]) -> int:
-    """Run the operator; every argument goes to ``kopf run``."""
+    """Run the operator; every argument but ``--job-network-policy`` goes to ``kopf run``."""
     from kopf.cli import main as kopf_main
 
-    from phalanx.handlers.runtime import WATCH_NAMESPACES
+    from phalanx.handlers.runtime import JOB_NETWORK_POLICY, WATCH_NAMESPACES
 
+    if JOB_NETWORK_POLICY_FLAG in kopf_args:
+        os.environ[JOB_NETWORK_POLICY] = "1"
+        kopf_args = [argument for argument in kopf_args if argument != JOB_NETWORK_POLICY_FLAG]
     os.environ[WATCH_NAMESPACES] = ",".join(watch_scope(kopf_args) or [])
     kopf_main(["run", "-m", "phalanx.handlers", *kopf_args], standalone_mode=False)
     return 0
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = commands.add_parser("run", help="run the operator (arguments after it go to `kopf run`)")
+    parser = commands.add_parser(
+        "run",
+        help="run the operator (arguments after it go to `kopf run`, but --job-network-policy: a NetworkPolicy "
+        "per job that admits only its own pods, and PHALANX_JOB_NETWORK_POLICY_SCRAPERS to the metrics port)",
+    )
     parser.add_argument(
         "kopf_args",
         nargs=argparse.REMAINDER,

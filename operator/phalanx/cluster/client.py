@@ -36,7 +36,12 @@ RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0, 4.0)
 RETIRED_SESSION_SECONDS = 30.0  # in-flight requests of replaced connections finish meanwhile
 
 # kind -> (API prefix, plural); PodGroups are resolved by apiVersion below.
-CORE_RESOURCES: Mapping[str, str] = {"Pod": "pods", "Service": "services", "Event": "events"}
+CORE_RESOURCES: Mapping[str, str] = {
+    "Pod": "pods",
+    "Service": "services",
+    "Event": "events",
+    "NetworkPolicy": "networkpolicies",  # not kind + "s"
+}
 
 
 DEFAULT_MAX_IN_FLIGHT = 16  # requests at once (PHALANX_MAX_IN_FLIGHT)

@@ -11,21 +11,32 @@ NetworkPolicy that blocks it only leaves those fields out).
 
 A pod's answer is never trusted: values that are not finite, negative or absurd are dropped,
 and whatever goes wrong scraping one pod costs that job its fields and nothing else. The poll
-loop itself survives any error, so one bad endpoint never stops progress for every job.
+loop itself survives any error, so one bad endpoint never stops progress for every job. A page
+is read only as sent (identity encoding: a compressed answer is refused, never inflated), only
+up to ``MAX_PAGE_BYTES``, and only its lines of the few series read here are parsed, in a thread;
+redirects are not followed, and a pod on its node's network is never scraped (its port is the
+node's). A completion record counts only for the job whose UID it names (``Completion.job_uid``).
+
+A sample says when its reporter last answered: the planner judges hangs only on fresh ones, so a
+reporter that stops answering (a NetworkPolicy, a port taken after a restart, a network blip) is
+never taken for a hang; each unanswered scrape counts in ``phalanx_job_progress_scrape_failures_total``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
+import ipaddress
 import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from phalanx import metrics
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey
 from phalanx.reconcile import naming
 from phalanx.reconcile.environment import WORKER_METRICS_PORT
@@ -41,24 +52,48 @@ CHECKPOINT_TIME = "phalanx_worker_last_checkpoint_timestamp_seconds"
 COMPLETED = ("phalanx_training_completed_attempt", "phalanx_training_completed_step", "phalanx_training_completed_rank")
 MAX_COUNT = 2**53  # steps, ranks, attempts: beyond a float's exact integers a value is garbage
 EARLIEST_CHECKPOINT, LATEST_CHECKPOINT = 946684800.0, 7258118400.0  # 2000-01-01 .. 2200-01-01
+JOB_LABEL = "job"
+"""Label of the completion series: the UID of the job the record names."""
 STORE_SCRAPED = ("Running", "Rescaling", "Restarting")
+MAX_PAGE_BYTES = 1 << 20
+"""A worker's page is a few KiB (a store's a few lines); a longer one is refused unread."""
+READ_CHUNK_BYTES = 64 << 10
+FRESH_INTERVALS = 3
+"""A sample is a verdict for this many poll intervals (and a timeout) after its reporter answered."""
 
 
 class ProgressError(ValueError):
     """A metrics page that cannot be read at all."""
 
 
-def _samples(text: str, names: Iterable[str]) -> dict[str, float]:
+def _wanted_lines(text: str, wanted: set[str]) -> str:
+    """Only the sample lines of the series read here: a page's other lines (a tenant's own
+    metrics, however many) are never parsed."""
+    kept = []
+    for line in io.StringIO(text):  # one line at a time: a page of tiny lines never becomes a list of them
+        name = line.split("{", 1)[0].split(None, 1)
+        if name and name[0] in wanted:
+            kept.append(line.rstrip("\r\n"))
+    return "\n".join(kept) + "\n"
+
+
+def _samples(text: str, names: Iterable[str], *, label: str | None = None) -> dict[str, tuple[float, str]]:
+    """The value of each wanted series (with its ``label``'s value, when asked for)."""
     wanted = set(names)
-    values: dict[str, float] = {}
+    values: dict[str, tuple[float, str]] = {}
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(_wanted_lines(text, wanted)):
             for sample in family.samples:
                 if sample.name in wanted:
-                    values[sample.name] = float(sample.value)
+                    values[sample.name] = (float(sample.value), sample.labels.get(label, "") if label else "")
     except Exception as error:  # the parser raises whatever it meets; none of it is ours to crash on
         raise ProgressError(f"not Prometheus text: {error}") from error
     return values
+
+
+def _value(values: dict[str, tuple[float, str]], name: str) -> float | None:
+    found = values.get(name)
+    return found[0] if found is not None else None
 
 
 def _count(value: float | None, *, minimum: int = 0) -> int | None:
@@ -71,10 +106,10 @@ def _count(value: float | None, *, minimum: int = 0) -> int | None:
 def parse_progress(text: str, attempt: int) -> WorkerProgress:
     """Read the world size and the last checkpoint out of a worker's /metrics text."""
     values = _samples(text, (WORLD_SIZE, CHECKPOINT_STEP, CHECKPOINT_TIME, STEPS))
-    world = _count(values.get(WORLD_SIZE), minimum=1)
-    steps = _count(values.get(STEPS))
-    committed = values.get(CHECKPOINT_TIME)
-    step = _count(values.get(CHECKPOINT_STEP))
+    world = _count(_value(values, WORLD_SIZE), minimum=1)
+    steps = _count(_value(values, STEPS))
+    committed = _value(values, CHECKPOINT_TIME)
+    step = _count(_value(values, CHECKPOINT_STEP))
     if committed is None or not math.isfinite(committed) or not EARLIEST_CHECKPOINT <= committed <= LATEST_CHECKPOINT:
         return WorkerProgress(attempt=attempt, world_size=world, steps=steps)  # none committed yet (0), or garbage
     if step is None:
@@ -89,12 +124,49 @@ def parse_progress(text: str, attempt: int) -> WorkerProgress:
 
 
 def parse_completion(text: str) -> Completion | None:
-    """What the rendezvous store says about completion, or None while training is not done."""
-    values = _samples(text, COMPLETED)
-    attempt = _count(values.get(COMPLETED[0]))
+    """What the rendezvous store says about completion, or None while training is not done.
+    The record's job UID comes with it (the ``job`` label): the planner ends only the job it names."""
+    values = _samples(text, COMPLETED, label=JOB_LABEL)
+    attempt = _count(_value(values, COMPLETED[0]))
     if attempt is None:
         return None
-    return Completion(attempt=attempt, step=_count(values.get(COMPLETED[1])), rank=_count(values.get(COMPLETED[2])))
+    return Completion(
+        attempt=attempt,
+        step=_count(_value(values, COMPLETED[1])),
+        rank=_count(_value(values, COMPLETED[2])),
+        job_uid=values[COMPLETED[0]][1],
+    )
+
+
+def metrics_url(pod: PodRecord, port: int) -> str | None:
+    """Where a pod serves its metrics; None for a pod that has no IP address of its own (on its
+    node's network the port is the node's, which no tenant's pod speaks for)."""
+    if pod.host_network or not pod.pod_ip:
+        return None
+    try:
+        address = ipaddress.ip_address(pod.pod_ip)
+    except ValueError:
+        return None
+    host = f"[{address}]" if address.version == 6 else str(address)
+    return f"http://{host}:{port}/metrics"
+
+
+async def read_page(response: aiohttp.ClientResponse, limit: int = MAX_PAGE_BYTES) -> str:
+    """A response's body as sent, refused past ``limit`` bytes or in an encoding not asked for."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise ProgressError(f"answered in Content-Encoding {encoding!r}, not the identity asked for")
+    if response.content_length is not None and response.content_length > limit:
+        raise ProgressError(f"page of {response.content_length} bytes, over the {limit} read")
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(READ_CHUNK_BYTES):
+        body += chunk
+        if len(body) > limit:
+            raise ProgressError(f"page over the {limit} bytes read")
+    try:
+        return body.decode()
+    except UnicodeDecodeError as error:
+        raise ProgressError(f"not UTF-8 text: {error}") from error
 
 
 def reporting_worker(pods: tuple[PodRecord, ...], attempt: int) -> PodRecord | None:
@@ -102,15 +174,30 @@ def reporting_worker(pods: tuple[PodRecord, ...], attempt: int) -> PodRecord | N
     candidates = [
         pod
         for pod in pods
-        if pod.role == naming.ROLE_WORKER and pod.attempt == attempt and pod.ready and pod.active and pod.pod_ip
+        if pod.role == naming.ROLE_WORKER
+        and pod.attempt == attempt
+        and pod.ready
+        and pod.active
+        and pod.pod_ip
+        and not pod.host_network
     ]
     return min(candidates, key=lambda pod: pod.index if pod.index is not None else 1 << 30, default=None)
 
 
 def _store(pods: tuple[PodRecord, ...]) -> PodRecord | None:
     return next(
-        (pod for pod in pods if pod.role == naming.ROLE_RENDEZVOUS and pod.active and pod.ready and pod.pod_ip), None
+        (
+            pod
+            for pod in pods
+            if pod.role == naming.ROLE_RENDEZVOUS and pod.active and pod.ready and pod.pod_ip and not pod.host_network
+        ),
+        None,
     )
+
+
+def _content(sample: WorkerProgress) -> WorkerProgress:
+    """What a sample says, without when it was read."""
+    return replace(sample, scraped_at=None, fresh_until=None, unanswered=0)
 
 
 class ProgressPoller:
@@ -136,6 +223,7 @@ class ProgressPoller:
         self.interval = interval
         self._default_port = default_port
         self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._timeout_seconds = timeout
         self._slots = asyncio.Semaphore(concurrency)
         self._latest: dict[JobKey, WorkerProgress] = {}
         self._completed: dict[JobKey, Completion] = {}
@@ -153,7 +241,8 @@ class ProgressPoller:
         self._completed.pop(key, None)
 
     async def __aenter__(self) -> ProgressPoller:
-        self._session = aiohttp.ClientSession(timeout=self._timeout)
+        # Bodies as sent: a small compressed answer must never be inflated in this process.
+        self._session = aiohttp.ClientSession(timeout=self._timeout, auto_decompress=False)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -197,34 +286,61 @@ class ProgressPoller:
         await asyncio.gather(*scrapes)
 
     async def _fetch(self, pod: PodRecord) -> str | None:
+        """The pod's page, or None when it gives no readable one (ProgressError: a hostile one)."""
         assert self._session is not None
-        url = f"http://{pod.pod_ip}:{pod.metrics_port or self._default_port}/metrics"
+        url = metrics_url(pod, pod.metrics_port or self._default_port)
+        if url is None:
+            return None
         async with self._slots:
             try:
-                async with self._session.get(url) as response:
+                async with self._session.get(
+                    url, headers={"Accept-Encoding": "identity"}, allow_redirects=False
+                ) as response:
                     if response.status != 200:
                         return None
-                    return await response.text()
-            except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError) as error:
+                    return await read_page(response)
+            except (aiohttp.ClientError, TimeoutError, OSError) as error:
                 logger.debug("no metrics from %s (%s): %s", pod.name, url, error)
                 return None
+
+    def _unanswered(self, key: JobKey, target: str) -> None:
+        metrics.PROGRESS_SCRAPE_FAILURES.labels(key[0], key[1], target).inc()
 
     async def _scrape_worker(self, key: JobKey, pod: PodRecord, attempt: int) -> None:
         try:
             text = await self._fetch(pod)
-            if text is None:
-                return
-            progress = parse_progress(text, attempt)
+            progress = await asyncio.to_thread(parse_progress, text, attempt) if text is not None else None
         except Exception as error:  # one pod's answer never affects another job
             self.errors += 1
             logger.warning("unreadable metrics from %s: %s", pod.name, error)
-            return
+            progress = None
         if self._jobs.get(key) is None:
             return  # deleted while its worker was asked: keep nothing of it
-        progress = self._with_step_clock(self._latest.get(key), replace(progress, reporter=pod.uid))
-        if self._latest.get(key) != progress:
-            self._latest[key] = progress
+        before = self._latest.get(key)
+        if progress is None:
+            self._unanswered(key, "worker")
+            if before is not None and before.reporter == pod.uid:
+                self._keep(key, before, replace(before, unanswered=before.unanswered + 1))
+            return
+        now = self._clock()
+        progress = replace(
+            progress,
+            reporter=pod.uid,
+            scraped_at=now,
+            fresh_until=now + timedelta(seconds=FRESH_INTERVALS * self.interval + self._timeout_seconds),
+        )
+        self._keep(key, before, self._with_step_clock(before, progress))
+
+    def _keep(self, key: JobKey, before: WorkerProgress | None, now: WorkerProgress) -> None:
+        """File a sample; wake the job when it says something new. A newer answer with the same
+        content wakes nobody, but the one that ends a silence does: the planner waits for fresh
+        samples to judge a hang (and its own requeue brings it back at the deadline otherwise)."""
+        self._latest[key] = now
+        if before is None or _content(before) != _content(now) or self._stale(before) != self._stale(now):
             self._wake(key)
+
+    def _stale(self, sample: WorkerProgress) -> bool:
+        return sample.fresh_until is None or self._clock() > sample.fresh_until
 
     def _with_step_clock(self, before: WorkerProgress | None, now: WorkerProgress) -> WorkerProgress:
         """Keep when the step count was first seen at its value; any change (a new step, another
@@ -243,14 +359,15 @@ class ProgressPoller:
     async def _scrape_store(self, key: JobKey, pod: PodRecord) -> None:
         try:
             text = await self._fetch(pod)
-            if text is None:
-                return
-            completion = parse_completion(text)
+            completion = await asyncio.to_thread(parse_completion, text) if text is not None else None
         except Exception as error:
             self.errors += 1
             logger.warning("unreadable status from %s: %s", pod.name, error)
-            return
+            text = completion = None
         if self._jobs.get(key) is None:
+            return  # deleted meanwhile: no series of it comes back
+        if text is None:
+            self._unanswered(key, "store")
             return
         if completion is not None and self._completed.get(key) != completion:
             self._completed[key] = completion

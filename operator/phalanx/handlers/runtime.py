@@ -10,9 +10,10 @@ exported (``phalanx_watch_scope_synced``) and shown by the health probe.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
@@ -23,10 +24,12 @@ from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
-from phalanx.reconcile import naming
-from phalanx.reconcile.observed import Observed
+from phalanx.reconcile import desired, naming
+from phalanx.reconcile.observed import JobIsolation, Observed
 
 WATCH_NAMESPACES = "PHALANX_WATCH_NAMESPACES"
+JOB_NETWORK_POLICY = "PHALANX_JOB_NETWORK_POLICY"
+JOB_NETWORK_POLICY_SCRAPERS = "PHALANX_JOB_NETWORK_POLICY_SCRAPERS"
 
 TRAINING_JOBS = Resource(api.API_VERSION, api.PLURAL, api.KIND)
 PODS = Resource("v1", "pods", "Pod")
@@ -35,6 +38,7 @@ COSCHEDULING_POD_GROUPS = Resource("scheduling.x-k8s.io/v1alpha1", "podgroups", 
 VOLCANO_POD_GROUPS = Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup")
 NODES = Resource("v1", "nodes", "Node", namespaced=False)
 KUEUE_WORKLOADS = Resource("kueue.x-k8s.io/v1beta2", "workloads", "Workload")
+NETWORK_POLICIES = Resource(desired.NETWORK_POLICY_API, "networkpolicies", "NetworkPolicy")
 
 
 def watched_namespaces() -> tuple[str, ...] | None:
@@ -42,6 +46,19 @@ def watched_namespaces() -> tuple[str, ...] | None:
     value = os.environ.get(WATCH_NAMESPACES, "")
     names = tuple(name for name in value.split(",") if name)
     return names or None
+
+
+def job_isolation() -> JobIsolation | None:
+    """Whether each job gets a NetworkPolicy of its own (PHALANX_JOB_NETWORK_POLICY), and who
+    besides its pods may scrape them (PHALANX_JOB_NETWORK_POLICY_SCRAPERS, a JSON list of
+    NetworkPolicyPeers). A setting that cannot be used keeps the operator from starting."""
+    if os.environ.get(JOB_NETWORK_POLICY, "").strip().lower() not in ("1", "true", "yes"):
+        return None
+    try:
+        peers = desired.network_policy_peers(json.loads(os.environ.get(JOB_NETWORK_POLICY_SCRAPERS) or "[]"))
+    except ValueError as error:
+        raise ValueError(f"{JOB_NETWORK_POLICY_SCRAPERS}: {error}") from error
+    return JobIsolation(scrapers=peers)
 
 
 @dataclass
@@ -57,6 +74,7 @@ class Runtime:
     refusals: RefusalMemory = field(default_factory=RefusalMemory)
     pacer: StatusPacer = field(default_factory=StatusPacer)
     progress: ProgressPoller | None = None  # None when PHALANX_PROGRESS_INTERVAL_SECONDS is 0
+    isolation: JobIsolation | None = None  # each job's NetworkPolicy, when the operator renders them
     informers: list[Informer] = field(default_factory=list)
     events: EventRecorder = field(init=False)
 
@@ -72,15 +90,17 @@ class Runtime:
         namespaces: Sequence[str] | None,
         watch_nodes: bool,
         watch_seconds: int = 300,
+        isolation: JobIsolation | None = None,
     ) -> Runtime:
         """Build the caches and the informers that feed them (not yet running)."""
-        runtime = cls(client=client, queue=queue)
+        runtime = cls(client=client, queue=queue, isolation=isolation or job_isolation())
         runtime.jobs = JobCache(on_change=runtime._job_changed)
         runtime.children = ChildCache(on_change=runtime._child_changed, on_pod_gone=runtime._pod_gone)
         runtime.nodes = NodeCache(on_change=runtime._node_changed, on_capacity=runtime._capacity_changed)
         runtime.workloads = WorkloadCache(on_change=runtime._workload_changed)
         owned = naming.JOB_NAME_LABEL  # only our children cross the wire
         scopes: Sequence[str | None] = tuple(namespaces) if namespaces else (None,)
+        isolating = ((NETWORK_POLICIES, runtime.children, owned, False),) if runtime.isolation is not None else ()
         for scope in scopes:
             for resource, sink, selector, optional in (
                 (TRAINING_JOBS, runtime.jobs, None, False),
@@ -89,6 +109,7 @@ class Runtime:
                 (COSCHEDULING_POD_GROUPS, runtime.children, owned, True),
                 (VOLCANO_POD_GROUPS, runtime.children, owned, True),
                 (KUEUE_WORKLOADS, runtime.workloads, None, True),  # named after our pod groups, not labelled
+                *isolating,
             ):
                 runtime.informers.append(
                     Informer(
@@ -211,7 +232,7 @@ class Runtime:
 
     def observe(self, job: api.TrainingJob) -> Observed:
         key = (job.metadata.namespace, job.metadata.name)
-        return self.children.observed(
+        observed = self.children.observed(
             job.metadata.namespace,
             job.metadata.name,
             job.metadata.uid,
@@ -228,6 +249,7 @@ class Runtime:
             if job.spec.gang.scheduler == "kueue"
             else None,
         )
+        return replace(observed, isolation=self.isolation) if self.isolation is not None else observed
 
     def execution(self) -> Execution:
         return Execution(

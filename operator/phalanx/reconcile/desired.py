@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import ipaddress
 import json
+import re
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -26,19 +29,26 @@ from phalanx.reconcile.environment import (
     worker_environment,
 )
 from phalanx.reconcile.errors import PlanningError
+from phalanx.reconcile.observed import JobIsolation
 from phalanx.reconcile.quantity import QuantityError, format_quantity, parse_quantity
 
 Object = dict[str, Any]
 
 COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
+NETWORK_POLICY_API = "networking.k8s.io/v1"
 STORE_CONTAINER = "store"
+JOB_UID_ENV = "PHALANX_JOB_UID"
+"""The job's UID in the workers' and the store's environment: a completion record names it."""
 
 # The store is torch's own TCPStore in a process of its own: every worker dials it with
 # is_host=false, so no worker is special and losing any of them never loses the rendezvous.
 # It also serves, on the metrics port, whether a rank recorded that training completed
 # (phalanx.worker sets naming.COMPLETION_KEY): the store outlives the workers, so the operator learns
 # of a completed training even when a rank dies in teardown and the agents wait on each other.
+# Anything that reaches the store can set that key: only a small JSON record naming this job's UID
+# (PHALANX_JOB_UID, which the workers write too) is served, labelled with it, and the operator
+# checks the UID and the attempt again.
 STORE_SCRIPT = """\
 import json, os, signal, sys, threading, time
 from datetime import timedelta
@@ -46,18 +56,28 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from torch.distributed import TCPStore
 port = int(os.environ["PHALANX_RENDEZVOUS_PORT"])
 key = os.environ["PHALANX_COMPLETION_KEY"]
+job = os.environ["PHALANX_JOB_UID"]
 store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
                  multi_tenant=True, timeout=timedelta(hours=1))
 lock = threading.Lock()
+def record():
+    if not store.check([key]):
+        return {}
+    raw = store.get(key)
+    try:
+        done = json.loads(raw) if len(raw) <= 4096 else None
+    except ValueError:
+        done = None
+    return done if isinstance(done, dict) and done.get("job") == job else {}
 class Status(BaseHTTPRequestHandler):
     def do_GET(self):
         lines = []
         with lock:
-            if store.check([key]):
-                done = json.loads(store.get(key))
-                for field in ("attempt", "step", "rank"):
-                    if isinstance(done.get(field), int):
-                        lines.append(f"phalanx_training_completed_{field} {done[field]}")
+            done = record()
+        for field in ("attempt", "step", "rank"):
+            value = done.get(field)
+            if isinstance(value, int) and not isinstance(value, bool):
+                lines.append(f'phalanx_training_completed_{field}{{job="{job}"}} {value}')
         body = ("\\n".join(lines) + "\\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -189,6 +209,7 @@ def rendezvous_store_pod(job: api.TrainingJob, launch: Launch) -> Object:
                     {"name": "PHALANX_RENDEZVOUS_PORT", "value": str(port)},
                     {"name": "PHALANX_STORE_METRICS_PORT", "value": str(WORKER_METRICS_PORT)},
                     {"name": "PHALANX_COMPLETION_KEY", "value": naming.COMPLETION_KEY},
+                    {"name": JOB_UID_ENV, "value": job.metadata.uid},
                 ],
                 "ports": [
                     {"name": "rendezvous", "containerPort": port, "protocol": "TCP"},
@@ -231,6 +252,7 @@ def _trainer_container(
         attempt=attempt,
         index=index,
     )
+    ours.append({"name": JOB_UID_ENV, "value": job.metadata.uid})
     container["env"] = merge_env(ours, container.get("env"))
     resources = container.setdefault("resources", {})
     extra: dict[str, str] = dict(profile.extra_limits)
@@ -406,3 +428,80 @@ def pod_group(job: api.TrainingJob, launch: Launch, node_capacity: str | None = 
             "spec": spec,
         }
     )
+
+
+def job_network_policy(job: api.TrainingJob, launch: Launch, isolation: JobIsolation | None) -> Object | None:
+    """The job's own NetworkPolicy (when the operator is set to isolate jobs): its pods admit
+    traffic on any port only from the job's own pods, and on the metrics port from the peers the
+    operator was given (itself, a Prometheus). Nothing else reaches the rendezvous store, the
+    workers' rendezvous and collective ports, or the completion record. Named like the job: one
+    per job, owned by it, gone with it."""
+    if isolation is None:
+        return None
+    members = {"matchLabels": naming.job_labels(job.metadata.name)}
+    ingress: list[dict[str, Any]] = [{"from": [{"podSelector": copy.deepcopy(members)}]}]
+    if isolation.scrapers:
+        trainer = worker_pod(job, launch, index=0, attempt=0)["spec"]["containers"][launch.trainer_index]
+        where = f"spec.template.spec.containers[{launch.trainer_index}].env"
+        numbers = sorted({WORKER_METRICS_PORT, _metrics_port(trainer["env"], where)})
+        ports: list[dict[str, Any]] = [{"port": number, "protocol": "TCP"} for number in numbers]
+        ports.append({"port": naming.METRICS_PORT_NAME, "protocol": "TCP"})
+        ingress.append({"from": [copy.deepcopy(dict(peer)) for peer in isolation.scrapers], "ports": ports})
+    return _finish(
+        {
+            "apiVersion": NETWORK_POLICY_API,
+            "kind": "NetworkPolicy",
+            "metadata": _metadata(job, job.metadata.name),
+            "spec": {"podSelector": members, "policyTypes": ["Ingress"], "ingress": ingress},
+        }
+    )
+
+
+LABEL_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")  # fmt: skip
+LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def _label_selector(value: Any, where: str) -> None:
+    if not isinstance(value, Mapping) or set(value) - {"matchLabels", "matchExpressions"}:
+        raise ValueError(f"{where}: a label selector has only matchLabels and matchExpressions")
+    for key, label in (value.get("matchLabels") or {}).items():
+        if not (isinstance(key, str) and LABEL_NAME.match(key) and isinstance(label, str) and LABEL_VALUE.match(label)):
+            raise ValueError(f"{where}.matchLabels: {key!r}: {label!r} is not a label")
+    for expression in value.get("matchExpressions") or []:
+        values = expression.get("values") if isinstance(expression, Mapping) else None
+        if (
+            not isinstance(expression, Mapping)
+            or not LABEL_NAME.match(str(expression.get("key", "")))
+            or expression.get("operator") not in SELECTOR_OPERATORS
+            or not all(isinstance(item, str) and LABEL_VALUE.match(item) for item in values or [])
+        ):
+            raise ValueError(f"{where}.matchExpressions: {expression!r} is not a selector requirement")
+
+
+def network_policy_peers(value: Any) -> tuple[Mapping[str, Any], ...]:
+    """NetworkPolicyPeers from an operator setting, checked as the API server would: a peer the
+    API server refused would refuse every job's NetworkPolicy (and fail the job), so a bad setting
+    keeps the operator from starting instead."""
+    if not isinstance(value, list):
+        raise ValueError("a list of NetworkPolicyPeers (podSelector, namespaceSelector, ipBlock)")
+    for index, peer in enumerate(value):
+        where = f"[{index}]"
+        if not isinstance(peer, Mapping) or not peer or set(peer) - {"podSelector", "namespaceSelector", "ipBlock"}:
+            raise ValueError(f"{where}: a NetworkPolicyPeer has podSelector, namespaceSelector or ipBlock")
+        if "ipBlock" in peer and len(peer) > 1:
+            raise ValueError(f"{where}: ipBlock stands alone")
+        for selector in ("podSelector", "namespaceSelector"):
+            if selector in peer:
+                _label_selector(peer[selector], f"{where}.{selector}")
+        if "ipBlock" in peer:
+            block = peer["ipBlock"]
+            if not isinstance(block, Mapping) or set(block) - {"cidr", "except"}:
+                raise ValueError(f"{where}.ipBlock: cidr and except only")
+            try:
+                for cidr in [block.get("cidr"), *(block.get("except") or [])]:
+                    ipaddress.ip_network(str(cidr), strict=False)
+            except ValueError as error:
+                raise ValueError(f"{where}.ipBlock: {error}") from error
+    return tuple(value)

@@ -46,6 +46,8 @@ class PodRecord:
     uid: str = ""
     namespace: str = ""
     owner_name: str | None = None
+    host_network: bool = False
+    """The pod shares its node's network: its IP is the node's, and its ports the node's."""
 
     @property
     def finished(self) -> bool:
@@ -99,6 +101,13 @@ class WorkerProgress:
     """UID of the pod that reported it: another pod's counter is another count."""
     stepped_since: datetime | None = None
     """When the operator first saw ``steps`` at its current value from this reporter (hang detection)."""
+    scraped_at: datetime | None = None
+    """When the reporter last answered a scrape with a readable page."""
+    fresh_until: datetime | None = None
+    """Past this (a few poll intervals after ``scraped_at``) the sample is no verdict on the job: the
+    reporter stopped answering, and its last step count says nothing about training since."""
+    unanswered: int = 0
+    """Scrapes of the reporter in a row since ``scraped_at`` that got no readable answer."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +121,20 @@ class Completion:
     attempt: int
     step: int | None = None
     rank: int | None = None
+    job_uid: str = ""
+    """The UID of the TrainingJob the writing rank belongs to (``PHALANX_JOB_UID``): anyone who can
+    reach the store can write the key, and only a record naming this job and its current attempt
+    ends it."""
+
+
+@dataclass(frozen=True)
+class JobIsolation:
+    """The operator's setting to fence each job's pods with a NetworkPolicy of the job's own
+    (``PHALANX_JOB_NETWORK_POLICY``)."""
+
+    scrapers: tuple[Mapping[str, Any], ...] = ()
+    """NetworkPolicyPeers admitted to the metrics port besides the job's pods (the operator, a
+    Prometheus); none: only the job's pods reach any port."""
 
 
 ChildKey = tuple[str, str]
@@ -161,6 +184,8 @@ class Observed:
     """Allocatable resources of each schedulable node, in base units (empty when nodes are not watched)."""
     workload: QueuedWorkload | None = None
     """Kueue's Workload for the current attempt's pod group (gang.scheduler kueue)."""
+    isolation: JobIsolation | None = None
+    """Whether (and how) the job's pods are fenced by a NetworkPolicy; None: the operator renders none."""
 
     def workers(self) -> list[PodRecord]:
         """Worker pods, any attempt."""
@@ -257,6 +282,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         disruption_reason=(disruption or {}).get("reason") if (disruption or {}).get("status") == "True" else None,
         unschedulable_message=scheduled.get("message") if unschedulable and scheduled else None,
         metrics_port=_metrics_port(pod),
+        host_network=bool((pod.get("spec") or {}).get("hostNetwork")),
     )
 
 

@@ -332,6 +332,7 @@ class _Pass:
             self.stalled = ("GangSchedulerUnavailable", message)
             return PhaseView("Pending", "GangSchedulerUnavailable", message)
         self.ensure(group)
+        self.ensure(desired.job_network_policy(self.job, launch, self.observed.isolation))
         for service in services:
             self.ensure(service)
         store_pod = self.observed.store()
@@ -364,11 +365,13 @@ class _Pass:
         A worker of the current attempt that exited 0 says so, and so does the record a rank
         leaves in the rendezvous store when it finished every step: that one also holds when the
         rank then died in teardown and the agents are left waiting for a world that cannot form.
+        Anything that reaches the store can write that key, so a record counts only when it names
+        this job's UID and its current attempt.
         """
         if any(pod.phase == "Succeeded" for pod in current):
             return "training completed"
         done = self.observed.completion
-        if done is None:
+        if done is None or done.job_uid != self.job.metadata.uid or done.attempt != self.memory.attempt:
             return None
         where = f"rank {done.rank} recorded completion" if done.rank is not None else "completion was recorded"
         at = f" at step {done.step}" if done.step is not None else ""
@@ -447,7 +450,9 @@ class _Pass:
         has shown the same step count for the whole deadline restarts its gang, counted. The clock
         starts no earlier than the job last became Running (Ready), so a world that re-formed gets
         the whole deadline for its first step; a job whose workers serve no step count is never
-        judged."""
+        judged. Only a fresh sample is a verdict: when the reporter stopped answering (a
+        NetworkPolicy, its port taken after a restart, a network blip) its last count says nothing
+        about training since, so the job is left alone and Stalled says why (ProgressUnknown)."""
         deadline = self.spec.failure_policy.progress_deadline_seconds
         progress = self.observed.progress
         if deadline is None or self.job.status.phase != "Running" or progress is None:
@@ -463,6 +468,17 @@ class _Pass:
         reporter = next((pod for pod in current if pod.uid == progress.reporter), None)
         if idle < deadline:
             self.requeue.append(deadline - idle)
+            return None
+        if progress.fresh_until is None or self.now > progress.fresh_until:
+            # The poller wakes the job when the reporter answers again; then it is judged.
+            last = format_time(progress.scraped_at) if progress.scraped_at is not None else "never"
+            self.stalled = (
+                "ProgressUnknown",
+                f"hang detection (failurePolicy.progressDeadlineSeconds {deadline}) cannot judge: "
+                f"{reporter.name if reporter else 'the reporting worker'} last answered a progress scrape at {last}"
+                f"{f' ({progress.unanswered} unanswered since)' if progress.unanswered else ''}, "
+                f"with its step count at {progress.steps}; nothing is restarted on stale data",
+            )
             return None
         failure = Failure(
             "NoProgress",

@@ -119,8 +119,9 @@ class TrainingSession:
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             return False
-        record = {
-            "attempt": int(os.environ.get("PHALANX_ATTEMPT", "0") or 0),
+        record = {  # bound to the job and its attempt: the store serves only a record naming its job
+            "job": environ.get("PHALANX_JOB_UID", ""),
+            "attempt": int(environ.get("PHALANX_ATTEMPT", "0") or 0),
             "step": self.progress.step,
             "rank": self.rank,
         }
