@@ -55,9 +55,9 @@ from typing import Any
 import aiohttp
 import yaml
 
-from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT, resource_path
+from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT
 from phalanx.reconcile import desired, environment, naming
-from tests.benchmarks.harness import commit, stop_on_signals
+from tests.benchmarks.harness import commit, create_all, process_usage, rss_mib, stop_on_signals
 from tests.cluster import binaries
 from tests.cluster.crds import cluster_crds
 from tests.cluster.kube import Kubectl
@@ -231,20 +231,6 @@ def wait(what: str, ok: Callable[[], bool], timeout: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not within {timeout:.0f}s")
         time.sleep(0.2)
-
-
-def process_usage(pid: int) -> tuple[float, float]:
-    """(peak RSS in MiB, CPU seconds) of a live process."""
-    status = pathlib.Path(f"/proc/{pid}/status").read_text()
-    peak_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:")))
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return peak_kib / 1024, (int(fields[11]) + int(fields[12])) / ticks
-
-
-def rss_mib(pid: int) -> float:
-    status = pathlib.Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
 
 
 def audited_requests(audit_log: pathlib.Path, user: str) -> list[dict[str, Any]]:
@@ -482,23 +468,7 @@ class Bench:
     async def create_all(self, objects: list[dict[str, Any]], context: ssl.SSLContext) -> None:
         """POST every object, ``--in-flight`` at a time (the raw client's objects, and every
         contender's jobs: kubectl creates one after another, 30 s for 250 jobs here)."""
-        gate = asyncio.Semaphore(self.in_flight)
-        connector = aiohttp.TCPConnector(ssl=context, limit=self.in_flight)
-        async with aiohttp.ClientSession(connector=connector) as session:
-
-            async def create(obj: dict[str, Any]) -> None:
-                path = resource_path(obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"])
-                url = f"{self.cluster.server}{path}"
-                async with gate:
-                    for attempt in range(5):
-                        async with session.post(url, json=obj) as response:
-                            if response.status < 300 or response.status == 409:
-                                return
-                            if response.status != 429 or attempt == 4:
-                                raise RuntimeError(f"POST {url}: {response.status} {await response.text()}")
-                        await asyncio.sleep(0.1)
-
-            await asyncio.gather(*(create(obj) for obj in objects))
+        await create_all(self.cluster.server, objects, context, self.in_flight)
 
     # phalanx --------------------------------------------------------------------------------------
 

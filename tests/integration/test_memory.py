@@ -1,5 +1,5 @@
-"""Memory guards (sizes, not timings): what the operator keeps per pod, and that a deleted job
-leaves nothing behind.
+"""Memory guards (sizes, not timings): what the operator keeps per pod, that a deleted job leaves
+nothing behind, and that a list holds about a page of pod bodies at a time, however many pods.
 
 The operator runs in this process (its real caches, informers, work queue and passes against the
 real API server), so the test can weigh what it keeps with tracemalloc and search what it still
@@ -25,6 +25,7 @@ import pytest
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
+from phalanx.cluster import informer
 from phalanx.cluster.cache import ChildCache, JobCache
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.login import Credentials
@@ -32,7 +33,7 @@ from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import trainingjob
 from phalanx.handlers.lifecycle import supervised
-from phalanx.handlers.runtime import Runtime
+from phalanx.handlers.runtime import PODS, Runtime
 from phalanx.reconcile import naming
 from tests.integration.scenario import TRAINER
 from tests.unit.jobs import manifest
@@ -303,3 +304,75 @@ def all_running(runtime: Runtime, namespace: str, names: list[str]) -> bool:
         if len([pod for pod in pods if pod.role == naming.ROLE_WORKER and pod.phase == "Running"]) < 2:
             return False
     return True
+
+
+LISTED_PODS = 600
+LIST_PAGE = 50  # 12 pages
+PAGES_HELD_BUDGET = 4  # one page of bodies, its text as it arrived and decoded, the next page's buffers
+
+
+def listed_pod(name: str) -> dict[str, Any]:
+    """A labelled child as a worker looks (about 40 variables); Pending for ever, owned by nothing."""
+    env = [{"name": f"SETTING_{i}", "value": f"value of setting {i} for {name}"} for i in range(40)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {naming.JOB_NAME_LABEL: "listed", naming.ROLE_LABEL: naming.ROLE_WORKER},
+            "annotations": {"example.com/team": "research"},
+        },
+        "spec": {
+            "nodeSelector": {"phalanx.dev/pool": "nowhere"},
+            "containers": [{**TRAINER, "env": env, "args": ["--config=/etc/train.yaml"] * 4}],
+        },
+    }
+
+
+async def test_a_list_holds_about_one_page_of_bodies_at_a_time(
+    api_credentials: Credentials, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """600 pods listed 50 a page into the child cache: the most tracemalloc saw allocated at once,
+    beyond what the cache keeps, stays under 4 pages of decoded bodies (1.3 measured; 10.4 at
+    3c66d5b, which held the whole list until its last page had come)."""
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    async with ApiClient(api_credentials) as client:
+        await asyncio.gather(
+            *(client.request("POST", path, body=listed_pod(f"listed-{i}")) for i in range(LISTED_PODS))
+        )
+        listed = await client.list("v1", "Pod", namespace, label_selector=naming.JOB_NAME_LABEL)
+        assert len(listed) == LISTED_PODS
+        body_bytes = decoded_bytes([json.dumps(pod) for pod in listed])
+        del listed
+
+        monkeypatch.setattr(informer, "LIST_PAGE", str(LIST_PAGE))
+        cache = ChildCache()
+        pods = informer.Informer(client, PODS, cache, namespace=namespace, label_selector=naming.JOB_NAME_LABEL)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            await pods.list_once()
+            gc.collect()
+            kept, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert cache.pod_count() == LISTED_PODS
+    pages_held = (peak - kept) / (LIST_PAGE * body_bytes)
+    print(f"a decoded pod body: {body_bytes:.0f} bytes; held at most beyond the cache: {pages_held:.1f} pages of them")
+    assert pages_held < PAGES_HELD_BUDGET, (
+        f"listing {LISTED_PODS} pods {LIST_PAGE} a page held {peak - kept} bytes at once beyond what the cache "
+        f"keeps: {pages_held:.1f} pages of decoded bodies ({body_bytes:.0f} bytes each); budget {PAGES_HELD_BUDGET}"
+    )
+
+
+def decoded_bytes(texts: list[str]) -> float:
+    """What one body decoded from JSON takes, on average (tracemalloc)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        decoded = [json.loads(text) for text in texts]
+        size = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del decoded
+    return size / len(texts)
