@@ -332,6 +332,7 @@ class ApiClient:
             headers = {**content, **self._headers(credentials)}
             await self.slots.acquire(background=background)
             try:
+                # as late as this code can ask: only taking a pooled connection lies between the two
                 if self.fence is not None and method != "GET" and not self.fence():
                     raise NotLeadingError(f"{method} {path} not sent: this replica does not hold the leader Lease")
                 self.requests += 1
