@@ -287,13 +287,13 @@ def test_a_leader_frozen_past_its_renew_deadline_writes_nothing_before_it_has_re
     before = start(kubectl, namespace, desired=2)
 
     # 1. Frozen past its renew deadline, not past the lease: nobody takes over. Work waits for it
-    # (a deleted worker), and its first Lease request after SIGCONT is held back a second, so that
+    # (a deleted worker), and its first Lease request after SIGCONT is held back half a second, so that
     # anything it writes without renewing first would come in before the renewal.
     a.pause()
     victim = naming.worker_pod_name(JOB, 1)
     kubectl.delete("pod", victim, namespace, wait=False)
     time.sleep(TIMING.renew_deadline + TIMING.retry)
-    proxy.delay(lambda r: r.resource == "leases", 1.0)
+    proxy.delay(lambda r: r.resource == "leases", 0.5)
     resumed = time.monotonic()
     a.resume()
     after = wait_workers(
