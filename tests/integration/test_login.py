@@ -194,7 +194,12 @@ def inline_ca(kubeconfig: pathlib.Path) -> bytes:
 
 
 async def test_a_kubeconfig_with_inline_ca_data_rotates_an_expiring_exec_credential_before_any_401(
-    kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    crds: list[str],
+    kubectl: Kubectl,
+    kubeconfig: pathlib.Path,
+    namespace: str,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``certificate-authority-data`` (as cloud kubeconfigs carry it): the client asks the login for
     fresh credentials as it goes (every 30 s in the operator; every request here), and an exec
