@@ -4,7 +4,7 @@ holds the Lease -> it has done work only a leader does.
     python -m tests.benchmarks.bench_takeover [--repetitions 5]
 
 Starts its own LocalCluster (control plane + KWOK GPU nodes), runs two operators (``phalanx run``
-with leader election, the chart's default durations: lease 10 s, renew deadline 7 s, retry 2 s)
+with leader election, the chart's default durations: lease 15 s, renew deadline 10 s, retry 2 s)
 against one namespace and a 3-worker job. Per repetition it SIGKILLs whichever replica leads,
 deletes a worker at the same moment (only a leader replaces it), and records
 

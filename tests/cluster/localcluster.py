@@ -582,7 +582,9 @@ class LocalCluster:
                 f"--service-account-signing-key-file={self.sa_key}",
                 f"--service-cluster-ip-range={self.service_cidr}",
                 "--authorization-mode=Node,RBAC",
-                "--enable-admission-plugins=NodeRestriction",
+                # OwnerReferencesPermissionEnforcement as OpenShift runs it: setting an owner
+                # reference needs delete on the child, blockOwnerDeletion update on the owner's finalizers
+                "--enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement",
                 "--allow-privileged=true",
                 f"--endpoint-reconciler-type={reconciler}",
                 f"--default-not-ready-toleration-seconds={self.not_ready_toleration_seconds}",

@@ -92,6 +92,26 @@ def _wait_for_rbac(as_operator: Kubectl, namespace: str) -> None:
     )
 
 
+def identity_objects(
+    release: str, namespace: str, values: Sequence[str] = (), *, without: str | None = None
+) -> list[dict[str, Any]]:
+    """The chart's ServiceAccount and RBAC objects for a namespaced install serving ``namespace``
+    (with more ``--set`` values); ``without`` a resource (``trainingjobs/finalizers``) its rules
+    leave out, as an older chart did."""
+    objects = [
+        obj
+        for obj in render(
+            release, namespace, f"watchNamespaces={{{namespace}}}", "rbac.aggregateToDefaultRoles=false", *values
+        )
+        if obj["kind"] in IDENTITY_KINDS
+    ]
+    for obj in objects:
+        if without and "rules" in obj:
+            rules = [{**rule, "resources": [r for r in rule["resources"] if r != without]} for rule in obj["rules"]]
+            obj["rules"] = [rule for rule in rules if rule["resources"]]
+    return objects
+
+
 @contextmanager
 def chart_identity(
     kubectl: Kubectl,
@@ -100,16 +120,12 @@ def chart_identity(
     release: str,
     directory: pathlib.Path,
     values: Sequence[str] = (),
+    *,
+    without: str | None = None,
 ) -> Iterator[pathlib.Path]:
-    """Apply the chart's identity for a namespaced install serving ``namespace`` (with more
-    ``--set`` values); yield its kubeconfig."""
-    objects = [
-        obj
-        for obj in render(
-            release, namespace, f"watchNamespaces={{{namespace}}}", "rbac.aggregateToDefaultRoles=false", *values
-        )
-        if obj["kind"] in IDENTITY_KINDS
-    ]
+    """Apply the chart's identity for a namespaced install serving ``namespace`` (``values`` and
+    ``without``: ``identity_objects``); yield its kubeconfig."""
+    objects = identity_objects(release, namespace, values, without=without)
     kubectl.apply(objects, namespace=namespace)
     try:
         account = next(obj for obj in objects if obj["kind"] == "ServiceAccount")["metadata"]["name"]

@@ -19,10 +19,14 @@ import pytest
 import yaml
 
 from phalanx import metrics_endpoint
+from phalanx.cluster.lease import LEASE_DURATION_ENV, RENEW_DEADLINE_ENV, RETRY_ENV, LeaseTiming
 from phalanx.reconcile import naming
 from phalanx.reconcile.environment import WORKER_METRICS_PORT
 from tests.cluster.kube import Kubectl
-from tests.integration.chart_identity import CHART, chart_identity, helm, lint, render
+from tests.cluster.localcluster import LocalCluster
+from tests.integration.chart_identity import CHART, chart_identity, helm, identity_objects, lint, render
+from tests.integration.operator_process import OperatorProcess
+from tests.integration.scenario import GPU_JOB, conditions, create, gpu_pool, wait_running, wait_status
 from tests.unit.test_metrics_tls import self_signed
 
 pytestmark = pytest.mark.integration
@@ -77,6 +81,45 @@ def test_default_install_is_cluster_wide_with_two_restricted_replicas_electing_a
     assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     expected = yaml.safe_load((ROOT / "crds" / "trainingjobs.phalanx.dev.yaml").read_text())
     assert crd["spec"] == expected["spec"]
+
+
+def template_errors(*values: str) -> str:
+    """``helm template``'s error output ("" when it renders)."""
+    command = [str(helm()), "template", "phalanx", str(CHART), "--namespace=phalanx-system"]
+    for value in values:
+        command += ["--set", value]
+    rendered = subprocess.run(command, capture_output=True, text=True, check=False)
+    return "" if rendered.returncode == 0 else rendered.stderr
+
+
+def test_lease_timings_that_break_the_operators_rules_are_refused_by_the_chart() -> None:
+    """The schema cannot compare fields: the template refuses what ``LeaseTiming`` would refuse,
+    and its defaults satisfy it."""
+    assert template_errors() == ""
+    env = env_of(operator_container(render("phalanx", "phalanx-system")))
+    defaults = [float(env[name]) for name in (LEASE_DURATION_ENV, RENEW_DEADLINE_ENV, RETRY_ENV)]
+    assert LeaseTiming(*defaults) == LeaseTiming()  # the chart's defaults are the operator's
+    old_defaults = template_errors("leaderElection.leaseDurationSeconds=10", "leaderElection.renewDeadlineSeconds=7")
+    assert "renewDeadlineSeconds (7) + retryPeriodSeconds (2) + 2 <= leaseDurationSeconds (10)" in old_defaults
+    jitter = template_errors("leaderElection.renewDeadlineSeconds=2", "leaderElection.retryPeriodSeconds=2")
+    assert "renewDeadlineSeconds (2) > 1.2 x retryPeriodSeconds (2)" in jitter
+    assert template_errors("leaderElection.leaseDurationSeconds=137", "leaderElection.renewDeadlineSeconds=107",
+                           "leaderElection.retryPeriodSeconds=26") == ""  # fmt: skip
+    # a single operator without election does not read them
+    assert (
+        template_errors("replicaCount=1", "leaderElection.enabled=false", "leaderElection.renewDeadlineSeconds=14")
+        == ""
+    )
+    # what the chart accepts the operator accepts too, and the other way round, around the edge
+    for lease in (12, 13):
+        values = [f"leaderElection.leaseDurationSeconds={lease}"]
+        chart_ok = template_errors(*values) == ""
+        try:
+            LeaseTiming(lease, 10, 2)
+            operator_ok = True
+        except ValueError:
+            operator_ok = False
+        assert chart_ok == operator_ok, lease
 
 
 def test_namespaced_mode_uses_roles_in_the_listed_namespaces_only() -> None:
@@ -139,7 +182,12 @@ def may(identity: Kubectl, verb: str, resource: str, namespace: str) -> bool:
         ("get", "secrets", False),
         ("create", "events", True),
         ("create", "podgroups.scheduling.volcano.sh", True),
-        ("delete", "services", False),
+        # OwnerReferencesPermissionEnforcement: owner references need delete on the child and
+        # blockOwnerDeletion update on the owner's finalizers
+        ("delete", "services", True),
+        ("delete", "podgroups.scheduling.x-k8s.io", True),
+        ("update", "trainingjobs.phalanx.dev --subresource=finalizers", True),
+        ("update", "services", False),
         ("watch", "workloads.kueue.x-k8s.io", True),
         ("patch", "workloads.kueue.x-k8s.io", False),
     ],
@@ -159,6 +207,47 @@ def test_chart_rbac_is_least_privilege(
         assert may(as_operator, verb, resource, namespace) == allowed
         elsewhere = as_operator.run("auth", "can-i", "list", "pods", "--namespace=kube-system", check=False)
         assert elsewhere.stdout.strip() == "no"  # a namespaced install sees only its namespaces
+
+
+@pytest.fixture(scope="module")
+def gpu_nodes(kwok_cluster: LocalCluster, kubectl: Kubectl) -> list[str]:
+    return gpu_pool(kwok_cluster, kubectl, "chart")
+
+
+def test_without_the_finalizers_rule_a_job_stalls_on_the_missing_permission_and_runs_once_granted(
+    crds: list[str],
+    kubectl: Kubectl,
+    kubeconfig: pathlib.Path,
+    namespace: str,
+    gpu_nodes: list[str],
+    tmp_path: pathlib.Path,
+) -> None:
+    """OwnerReferencesPermissionEnforcement (on in this control plane, as in OpenShift) refuses the
+    workers' owner references with blockOwnerDeletion to an operator that may not update
+    ``trainingjobs/finalizers``: a missing permission (Stalled, OperatorForbidden, naming it), not a
+    job that fails; once the chart's rule is granted the job runs."""
+    release = f"phx-{uuid.uuid4().hex[:6]}"
+    with (
+        chart_identity(
+            kubectl, kubeconfig, namespace, release, tmp_path, without="trainingjobs/finalizers"
+        ) as identity,
+        OperatorProcess(identity, tmp_path / "operator.log", namespace=namespace) as operator,
+    ):
+        create(kubectl, namespace, workers={**GPU_JOB["workers"], "desired": 2})
+        stalled = wait_status(
+            kubectl,
+            namespace,
+            lambda s: conditions(s).get("Stalled") == ("True", "OperatorForbidden"),
+            "Stalled for OperatorForbidden",
+            timeout=60,
+        )
+        message = next(c["message"] for c in stalled["conditions"] if c["type"] == "Stalled")
+        assert "blockOwnerDeletion" in message and "update on trainingjobs/finalizers" in message, message
+        assert stalled.get("phase") != "Failed" and stalled.get("reason") != "PodRefused", stalled
+        kubectl.apply(identity_objects(release, namespace), namespace=namespace)  # the chart's rules
+        wait_running(kubectl, namespace, 2, timeout=120)
+        print(f"--- operator log (tail) ---\n{operator.log_tail(40)}")
+        assert "Traceback" not in operator.log()
 
 
 def test_namespace_users_with_edit_run_jobs_and_with_view_only_read_them(

@@ -9,15 +9,20 @@ operator's next request gets a 401, it runs the plugin again and carries on.
 
 from __future__ import annotations
 
+import base64
 import pathlib
 import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import yaml
 
+from phalanx.cluster import client as client_module
+from phalanx.cluster.client import ApiClient
+from phalanx.cluster.login import Login
 from phalanx.reconcile import naming
 from tests.cluster.connect_proxy import ConnectProxy
 from tests.cluster.kube import Kubectl
@@ -34,9 +39,11 @@ PLUGIN = textwrap.dedent(
     state = pathlib.Path(sys.argv[1])
     with (state / "runs").open("a") as runs:
         runs.write("run\\n")
-    token = (state / "token").read_text().strip()
+    status = {"token": (state / "token").read_text().strip()}
+    if (state / "expiry").exists():
+        status["expirationTimestamp"] = (state / "expiry").read_text().strip()
     print(json.dumps({"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
-                      "status": {"token": token}}))
+                      "status": status}))
     """
 )
 
@@ -174,3 +181,47 @@ def test_the_operator_reaches_the_api_server_through_the_kubeconfigs_proxy(
                 assert operator.process is not None and operator.process.poll() is None
     finally:
         proxy.stop()
+
+
+def inline_ca(kubeconfig: pathlib.Path) -> bytes:
+    """Put the cluster's CA into the kubeconfig as ``certificate-authority-data``; returns it."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    cluster = config["clusters"][0]["cluster"]
+    ca = pathlib.Path(cluster.pop("certificate-authority")).read_bytes()
+    cluster["certificate-authority-data"] = base64.b64encode(ca).decode()
+    kubeconfig.write_text(yaml.safe_dump(config))
+    return ca
+
+
+async def test_a_kubeconfig_with_inline_ca_data_rotates_an_expiring_exec_credential_before_any_401(
+    crds: list[str],
+    kubectl: Kubectl,
+    kubeconfig: pathlib.Path,
+    namespace: str,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``certificate-authority-data`` (as cloud kubeconfigs carry it): the client asks the login for
+    fresh credentials as it goes (every 30 s in the operator; every request here), and an exec
+    credential about to expire is replaced before the API server has to refuse it."""
+    release = f"phx-{uuid.uuid4().hex[:6]}"
+    with chart_identity(kubectl, kubeconfig, namespace, release, tmp_path):
+        account = next(o for o in render(release, namespace) if o["kind"] == "ServiceAccount")["metadata"]["name"]
+        identity = ExecIdentity(kubectl, namespace, account, tmp_path)
+        ca = inline_ca(identity.kubeconfig)
+        soon = datetime.now(UTC) + timedelta(minutes=1)  # within the package's 5-minute skew: renewed at once
+        (identity.state / "expiry").write_text(soon.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        first = identity.issue("token-1")
+        monkeypatch.setattr(client_module, "REFRESH_SECONDS", 0.0)
+
+        login = Login(kubeconfig=str(identity.kubeconfig))
+        async with ApiClient(login.load(), login=login) as client:
+            assert client.credentials.ca_data == ca
+            await client.list("v1", "Pod", namespace)
+            runs = identity.runs()
+            second = identity.issue("token-2")
+            identity.revoke("token-1", first, tmp_path)
+            await client.list("v1", "Pod", namespace)
+            assert client.credentials.token == second and identity.runs() > runs
+            assert client.logins == 0  # rotated by the refresh, not after a 401
+        login.close()

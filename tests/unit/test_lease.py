@@ -5,19 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from phalanx.cluster.client import ApiClient
-from phalanx.cluster.lease import LeaderElector, LeaseTiming
+from phalanx.cli.run import check_lease_timing
+from phalanx.cluster.client import ApiClient, NotLeadingError
+from phalanx.cluster.lease import (
+    LEASE_DURATION_ENV,
+    RENEW_DEADLINE_ENV,
+    RETRY_ENV,
+    LeaderElector,
+    LeaseTiming,
+)
 from phalanx.cluster.login import Credentials
+from phalanx.handlers import lifecycle
 from tests.unit.local_server import serving
 
 PATH = "/apis/coordination.k8s.io/v1/namespaces/ops/leases"
-FAST = LeaseTiming(lease_duration=0.6, renew_deadline=0.4, retry=0.1)
+FAST = LeaseTiming(lease_duration=3, renew_deadline=0.5, retry=0.1)  # about the shortest the margin allows
 
 
 class LeaseStore:
@@ -27,15 +36,26 @@ class LeaseStore:
         self.leases: dict[str, dict[str, Any]] = {}
         self.version = 0
         self.unavailable = False
+        self.renewals = 0  # successful writes of a Lease
+        self.writes: list[str] = []  # other requests than the Lease's, as "METHOD path"
+        self.slow = asyncio.Event()  # other requests wait for it (a slow API server)
+        self.slow.set()
         app = web.Application()
         app.router.add_post(PATH, self.create)
         app.router.add_get(PATH + "/{name}", self.get)
         app.router.add_put(PATH + "/{name}", self.replace)
+        app.router.add_route("*", "/api/v1/{tail:.*}", self.other)
         self.app = app
+
+    async def other(self, request: web.Request) -> web.Response:
+        self.writes.append(f"{request.method} {request.path}")
+        await self.slow.wait()
+        return web.json_response({"kind": "Status", "status": "Success"}, status=201)
 
     def _stored(self, body: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
         body = copy.deepcopy(body)
+        self.renewals += 1
         body["metadata"]["resourceVersion"] = str(self.version)
         self.leases[body["metadata"]["name"]] = body
         return body
@@ -87,7 +107,7 @@ async def test_one_candidate_leads_and_the_other_takes_over_only_after_the_lease
     await asyncio.wait_for(a.acquire(), 5)
     holding = asyncio.create_task(a.hold())
     waiting = asyncio.create_task(b.acquire())
-    await asyncio.sleep(3 * FAST.lease_duration)  # a renews all along: b never gets it
+    await asyncio.sleep(FAST.lease_duration + 3 * FAST.retry)  # a renews all along: b never gets it
     assert backend.holder() == "a" and not waiting.done()
     holding.cancel()  # a stops renewing (as if killed): b waits out the duration by its own clock
     stopped = asyncio.get_running_loop().time()
@@ -128,3 +148,88 @@ async def test_two_candidates_racing_for_a_lapsed_lease_cannot_both_win(store: t
     won = await asyncio.gather(a.try_acquire_or_renew(), b.try_acquire_or_renew())
     assert sorted(won) == [False, True], won  # one compare-and-swap succeeds, the other gets 409
     assert backend.holder() in ("a", "b")
+
+
+def test_lease_timing_keeps_a_margin_between_renew_deadline_plus_retry_and_the_lease_duration() -> None:
+    assert LeaseTiming() == LeaseTiming(15, 10, 2)  # controller-runtime's defaults
+    LeaseTiming(137, 107, 26)  # kube-controller-manager's ratio on OpenShift
+    with pytest.raises(ValueError, match=r"renew deadline \(7 s\) \+ retry period \(2 s\) \+ 2 s <= lease duration"):
+        LeaseTiming(10, 7, 2)  # the former defaults: 1 s between them
+    with pytest.raises(ValueError, match=r"1.2 x retry period"):
+        LeaseTiming(30, 2.4, 2)  # client-go: renewDeadline > JitterFactor * retryPeriod
+    with pytest.raises(ValueError, match=r"0 < "):
+        LeaseTiming(15, 10, 0)
+    environ = {LEASE_DURATION_ENV: "8", RENEW_DEADLINE_ENV: "4", RETRY_ENV: "1"}
+    assert LeaseTiming.from_environment(environ) == LeaseTiming(8, 4, 1)
+    assert LeaseTiming.from_environment({}) == LeaseTiming()
+    with pytest.raises(ValueError, match="PHALANX_LEASE_RETRY_SECONDS='soon' is not a number"):
+        LeaseTiming.from_environment({RETRY_ENV: "soon"})
+    # `phalanx run` refuses to start on them, with election on only
+    check_lease_timing({LEASE_DURATION_ENV: "10", RENEW_DEADLINE_ENV: "7"})
+    with pytest.raises(SystemExit, match="phalanx run: leader election needs renew deadline"):
+        check_lease_timing({"PHALANX_LEADER_ELECTION": "1", LEASE_DURATION_ENV: "10", RENEW_DEADLINE_ENV: "7"})
+
+
+async def test_renewals_never_wait_behind_the_operators_other_requests(
+    store: tuple[LeaseStore, ApiClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The elector as the operator wires it (``lifecycle.leader_elector``) keeps renewing while the
+    operator's client has every request slot taken by writes a slow API server does not answer."""
+    backend, client = store
+    for name, value in {
+        "PHALANX_LEADER_ELECTION": "1",
+        "PHALANX_LEASE_NAMESPACE": "ops",
+        "PHALANX_LEASE_NAME": "op",
+        "PHALANX_LEADER_IDENTITY": "a",
+        LEASE_DURATION_ENV: str(FAST.lease_duration),
+        RENEW_DEADLINE_ENV: str(FAST.renew_deadline),
+        RETRY_ENV: str(FAST.retry),
+    }.items():
+        monkeypatch.setenv(name, value)
+    a = lifecycle.leader_elector(client)
+    assert a is not None
+    await a.acquire()
+    holding = asyncio.create_task(a.hold())
+    backend.slow.clear()
+    flood = [
+        asyncio.create_task(client.request("POST", "/api/v1/namespaces/ops/pods", body={}))
+        for _ in range(4 * client.max_in_flight)
+    ]
+    await asyncio.sleep(0.1)
+    assert client.slots.waiting() > 0  # every slot taken, more waiting
+    renewed_before = backend.renewals
+    await asyncio.sleep(3 * FAST.renew_deadline)  # within the client's timeout
+    assert not holding.done() and a.holds_lease()
+    assert backend.renewals - renewed_before >= 3 * FAST.renew_deadline / FAST.retry / 2
+    backend.slow.set()
+    await asyncio.gather(*flood)
+    holding.cancel()
+    await a.client.close()
+
+
+async def test_a_leader_stalled_past_its_renew_deadline_writes_nothing_until_it_has_renewed(
+    store: tuple[LeaseStore, ApiClient],
+) -> None:
+    backend, client = store
+    a = LeaderElector(client.dedicated(), "ops", "op", "a", FAST)
+    client.fence = a.holds_lease
+
+    async def write() -> None:
+        await client.request("POST", "/api/v1/namespaces/ops/events", body={})
+
+    with pytest.raises(NotLeadingError):
+        await write()  # a standby writes nothing
+    await a.acquire()
+    await write()
+    time.sleep(FAST.renew_deadline)  # noqa: ASYNC251 - the whole process stalls (as under SIGSTOP)
+    assert a.leading.is_set()  # nothing has noticed anything yet...
+    assert not a.holds_lease()  # ...but by its clock the Lease may be lapsing
+    sent = list(backend.writes)
+    with pytest.raises(NotLeadingError):
+        await write()
+    assert backend.writes == sent  # refused before it was sent
+    assert await a.try_acquire_or_renew()  # renewed (nobody took the Lease meanwhile)
+    assert a.holds_lease()
+    await write()
+    assert len(backend.writes) == len(sent) + 1
+    await a.client.close()

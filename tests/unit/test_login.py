@@ -149,3 +149,42 @@ def test_a_service_accounts_rotated_token_is_read_again(
     token.write_text("third")
     assert login.load().token == "third"  # after a 401
     login.close()
+
+
+def test_a_refresh_keeps_inline_certificates_and_still_rotates_an_exec_token(
+    tmp_path: pathlib.Path, plugin: tuple[pathlib.Path, dict[str, Any]]
+) -> None:
+    """``certificate-authority-data`` (and client certificates as data) are written to files by the
+    package once and removed by us at once: every refresh after the first load must still know
+    them, and still run an expired exec plugin again (proactive rotation out of cluster)."""
+    state, user = plugin
+    ca = b"-----BEGIN CERTIFICATE-----\nCA\n-----END CERTIFICATE-----\n"
+    pem = b"-----BEGIN CERTIFICATE-----\nCLIENT\n-----END CERTIFICATE-----\n"
+    users = {
+        "exec-user": user,
+        "cert-user": {
+            "client-certificate-data": base64.b64encode(pem).decode(),
+            "client-key-data": base64.b64encode(pem).decode(),
+        },
+    }
+    path = kubeconfig(tmp_path / "config", users, **{"certificate-authority-data": base64.b64encode(ca).decode()})
+    soon = datetime.now(UTC) + timedelta(minutes=1)  # within the package's 5-minute skew: expired
+    (state / "expiry").write_text(soon.strftime("%Y-%m-%dT%H:%M:%SZ"))
+
+    login = Login(kubeconfig=str(path))
+    first = login.load()
+    assert (first.token, first.ca_data) == ("first", ca)
+    (state / "token").write_text("second")
+    refreshed = login.refresh()
+    assert (refreshed.token, refreshed.ca_data) == ("second", ca)  # rotated before any 401
+    assert refreshed.same_tls(first)  # the connections stay
+    assert login.refresh().ca_data == ca
+    assert login._scratch is not None and list(login._scratch.iterdir()) == []  # nothing left on disk
+    login.close()
+
+    by_certificate = Login(kubeconfig=str(path), context="cert-user")
+    loaded = by_certificate.load()
+    again = by_certificate.refresh()
+    assert (again.ca_data, again.certificate_data, again.private_key_data) == (ca, pem, pem)
+    assert again == loaded
+    by_certificate.close()

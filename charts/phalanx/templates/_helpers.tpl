@@ -76,20 +76,29 @@ pods, then networkPolicy.jobs.scrapersFrom. */}}
 - apiGroups: [phalanx.dev]
   resources: [trainingjobs/status]
   verbs: [patch]
+# Never used to write: children carry ownerReferences with blockOwnerDeletion, which the
+# OwnerReferencesPermissionEnforcement admission plugin (on in OpenShift) allows only to whoever
+# may update the owner's finalizers.
+- apiGroups: [phalanx.dev]
+  resources: [trainingjobs/finalizers]
+  verbs: [update]
 # Worker and rendezvous-store pods: created by server-side apply (create, patch), never changed
 # afterwards, read back when a create finds the name taken, deleted to replace failed workers,
 # scale down and restart the gang; only its own pods are listed and watched (label selector).
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch, create, patch, delete]
-# The headless rendezvous Service: created, server-side applied when it drifts, watched.
+# The headless rendezvous Service: created, server-side applied when it drifts, watched. Never
+# deleted by the operator (the garbage collector removes it with its job), but
+# OwnerReferencesPermissionEnforcement lets only whoever may delete an object set its ownerReferences.
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch]
-# Gang scheduling: scheduler-plugins and Volcano PodGroups (created, applied when they drift, watched).
+  verbs: [get, list, watch, create, patch, delete]
+# Gang scheduling: scheduler-plugins and Volcano PodGroups (created, applied when they drift,
+# watched); delete for the same reason as Services.
 - apiGroups: [scheduling.x-k8s.io, scheduling.volcano.sh]
   resources: [podgroups]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
 {{- if .Values.networkPolicy.jobs.enabled }}
 # Each job's own NetworkPolicy (networkPolicy.jobs): created, applied when it drifts, watched.
 - apiGroups: [networking.k8s.io]

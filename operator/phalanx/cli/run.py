@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 
 
 def watch_scope(kopf_args: list[str]) -> list[str] | None:
@@ -32,6 +33,19 @@ JOB_NETWORK_POLICY_FLAG = "--job-network-policy"
 """Ours, not kopf's: give each job a NetworkPolicy of its own (PHALANX_JOB_NETWORK_POLICY=1)."""
 
 
+def check_lease_timing(environ: Mapping[str, str]) -> None:
+    """With leader election on, refuse to start on durations that break its rules (before kopf
+    starts: a start-up handler's error would only be retried)."""
+    from phalanx.cluster.lease import LEADER_ELECTION_ENV, LeaseTiming
+
+    if environ.get(LEADER_ELECTION_ENV, "0") != "1":
+        return
+    try:
+        LeaseTiming.from_environment(environ)
+    except ValueError as error:
+        raise SystemExit(f"phalanx run: {error}") from None
+
+
 def run(kopf_args: list[str]) -> int:
     """Run the operator; every argument but ``--job-network-policy`` goes to ``kopf run``."""
     from kopf.cli import main as kopf_main
@@ -41,6 +55,7 @@ def run(kopf_args: list[str]) -> int:
     if JOB_NETWORK_POLICY_FLAG in kopf_args:
         os.environ[JOB_NETWORK_POLICY] = "1"
         kopf_args = [argument for argument in kopf_args if argument != JOB_NETWORK_POLICY_FLAG]
+    check_lease_timing(os.environ)
     os.environ[WATCH_NAMESPACES] = ",".join(watch_scope(kopf_args) or [])
     kopf_main(["run", "-m", "phalanx.handlers", *kopf_args], standalone_mode=False)
     return 0

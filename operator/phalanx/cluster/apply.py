@@ -47,6 +47,15 @@ STARTUP_PROGRESS_WRITE_SECONDS = 15.0
 BUSY_PROGRESS_WRITE_SECONDS = 30.0
 STARTING_PHASES = ("Pending", "Starting")
 RBAC_REFUSAL = re.compile(r'is forbidden: User "[^"]*" cannot ')
+# The OwnerReferencesPermissionEnforcement admission plugin (kube-apiserver's
+# plugin/pkg/admission/gc, on in OpenShift): what it refuses, and the permission that is missing.
+OWNER_REFERENCE_REFUSALS = (
+    (
+        "cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on",
+        "update on trainingjobs/finalizers (phalanx.dev)",
+    ),
+    ("cannot set an ownerRef on a resource you can't delete", "delete on the child's resource"),
+)
 
 
 class AdmissionRefusedError(Exception):
@@ -62,17 +71,38 @@ class StaleStatusError(Exception):
     """The job changed since the plan was made (409 on the status write): plan again."""
 
 
+def _missing_owner_permission(error: ApiError) -> str | None:
+    """The permission whose absence OwnerReferencesPermissionEnforcement reports, if it does."""
+    if error.status != 403:
+        return None
+    return next((missing for words, missing in OWNER_REFERENCE_REFUSALS if words in error.message), None)
+
+
 def passing_refusal(kind: str, error: ApiError) -> str | None:
-    """The reason of a creation refusal that may pass on its own, or None if it is permanent."""
+    """The reason of a creation refusal that may pass on its own, or None if it is permanent.
+    Missing permissions may pass (an administrator grants them), whether RBAC refused the request
+    or an admission plugin that checks RBAC for owner references did."""
     if error.status == 403 and "exceeded quota" in error.message:
         return "QuotaExceeded"
-    if error.status == 403 and RBAC_REFUSAL.search(error.message):
+    if error.status == 403 and (RBAC_REFUSAL.search(error.message) or _missing_owner_permission(error)):
         return "OperatorForbidden"
     if error.status == 404:
         return "GangSchedulerUnavailable" if kind == "PodGroup" else "NotFound"
     if error.status in (422, 403, 400):
         return None
     return "Refused"
+
+
+def refusal_message(error: ApiError) -> str:
+    """What status says of a passing refusal: the API server's words, and for an owner-reference
+    refusal the permission to grant (the API server names none)."""
+    missing = _missing_owner_permission(error)
+    if missing is None:
+        return error.message
+    return (
+        f"{error.message} (the operator lacks {missing}, which the OwnerReferencesPermissionEnforcement "
+        "admission plugin requires to set the owner reference; the chart's RBAC rules grant it)"
+    )
 
 
 class RefusalMemory:
@@ -197,7 +227,12 @@ async def _create(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any]
             raise AdmissionRefusedError(f"{kind} {name}", error) from error
         logger.info("creating %s %s/%s refused (%s): %s", kind, metadata["namespace"], name, reason, error.message)
         run.refusals.record(
-            metadata["uid"], (metadata["namespace"], metadata["name"]), child, reason, error.message, now
+            metadata["uid"],
+            (metadata["namespace"], metadata["name"]),
+            child,
+            reason,
+            refusal_message(error),
+            now,
         )
         return
     run.refusals.clear(metadata["uid"], child)

@@ -7,6 +7,8 @@ own is idempotent and never conflicts. ``RequestSlots`` caps requests in flight:
 aiohttp have no client-side rate limit, and an unbounded fan-out of pod creations on a
 small API server would raise latency for every other client. Credentials come from
 ``login.Login`` (the official package's loaders): refreshed as they rotate, loaded again on a 401.
+Leader election has a client of its own (``dedicated``), and a ``fence`` refuses every write while
+this replica does not hold the Lease (``lease.LeaderElector.holds_lease``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import ssl
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -58,6 +60,10 @@ class ApiError(Exception):
         self.status = status
         self.reason = reason
         self.message = message
+
+
+class NotLeadingError(Exception):
+    """A write refused before it was sent: this replica does not hold a currently valid Lease."""
 
 
 def api_error(status: int, text: str) -> ApiError:
@@ -164,7 +170,10 @@ class RequestSlots:
 
 
 class ApiClient:
-    """JSON requests with a cap on concurrency and retries on throttling and server errors."""
+    """JSON requests with a cap on concurrency and retries on throttling and server errors.
+
+    ``fence``, when set, is asked right before each write (any method but GET) is sent, slot in
+    hand, and again before each retry: a write it refuses raises ``NotLeadingError`` unsent."""
 
     def __init__(
         self,
@@ -173,9 +182,11 @@ class ApiClient:
         login: Login | None = None,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         timeout: float = 30.0,
+        fence: Callable[[], bool] | None = None,
     ) -> None:
         self.credentials = credentials
         self.login = login  # where new credentials come from (None: these never change)
+        self.fence = fence  # None: every write may go (one operator, the CLI)
         self.max_in_flight = max_in_flight
         self.slots = RequestSlots(max_in_flight)
         self._timeout = aiohttp.ClientTimeout(total=timeout)
@@ -186,6 +197,12 @@ class ApiClient:
         self._retiring: set[asyncio.Task[None]] = set()
         self.requests = 0
         self.logins = 0  # credentials loaded again after a 401
+
+    def dedicated(self) -> ApiClient:
+        """A client of its own for requests that must never wait behind this one's (leader
+        election): the same credentials and login, but its own connections and its own request
+        slot (one: its user sends one request at a time), and no fence."""
+        return ApiClient(self.credentials, login=self.login, max_in_flight=1, timeout=self._timeout.total or 30.0)
 
     async def __aenter__(self) -> ApiClient:
         return self
@@ -308,6 +325,7 @@ class ApiClient:
         slot is held while waiting to retry. A ``background`` request gets a slot only when no
         other request waits for one (``RequestSlots``). A 401 was refused before it was
         processed too: the login is asked for new credentials once and the request sent again.
+        A write the ``fence`` refuses raises ``NotLeadingError`` without being sent.
         """
         data = None if body is None else json.dumps(body, separators=(",", ":"))
         content = {"Content-Type": content_type} if data is not None else {}
@@ -318,8 +336,11 @@ class ApiClient:
             session = self._open()
             headers = {**content, **self._headers(credentials)}
             await self.slots.acquire(background=background)
-            self.requests += 1
             try:
+                # as late as this code can ask: only taking a pooled connection lies between the two
+                if self.fence is not None and method != "GET" and not self.fence():
+                    raise NotLeadingError(f"{method} {path} not sent: this replica does not hold the leader Lease")
+                self.requests += 1
                 async with session.request(
                     method, path, params=params, data=data, headers=headers, **self._options()
                 ) as response:

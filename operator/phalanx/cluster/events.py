@@ -5,6 +5,8 @@ post them with background priority (``RequestSlots``), so when many jobs land at
 server creates their pods first and records what happened right after. Events are records, not
 state: one that cannot be posted is logged and dropped, and when the backlog is full the oldest
 goes (client-go's broadcaster drops under pressure too). Each keeps the time it was decided.
+Posts go through the client's leadership fence like every write: an event still waiting when this
+replica's Lease lapses is dropped, not posted by a replica that may no longer lead.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from phalanx.api import v1alpha1 as api
-from phalanx.cluster.client import ApiClient, ApiError
+from phalanx.cluster.client import ApiClient, ApiError, NotLeadingError
 from phalanx.reconcile.plan import Event
 from phalanx.reconcile.status import format_time
 
@@ -122,6 +124,10 @@ class EventRecorder:
         namespace = body["metadata"]["namespace"]
         try:
             await self.client.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body, background=True)
+        except NotLeadingError as error:
+            self.dropped += 1
+            logger.info("event %s on %s dropped: %s", body["reason"], body["involvedObject"]["name"], error)
+            return
         except (ApiError, TimeoutError, aiohttp.ClientError, OSError) as error:
             logger.warning("could not record event %s on %s: %s", body["reason"], body["involvedObject"]["name"], error)
             return

@@ -7,22 +7,32 @@ for ``renew_deadline``; a candidate takes the Lease once its record has not chan
 ``lease_duration`` by its own clock (never by comparing timestamps: clocks differ between
 nodes). Every write carries the resourceVersion it was read at, so two candidates never both
 win. A holder that stops on purpose releases the Lease, and a standby takes it at once.
+
+The elector talks through a client of its own (``ApiClient.dedicated``): a renewal never waits
+behind the operator's other requests, however many creates are queued on a slow API server.
+Every other write of the operator is fenced by ``holds_lease``: the Lease counts as ours only
+until ``renew_deadline`` after the start of the last successful renewal, by this process's
+monotonic clock, so a leader that was frozen (SIGSTOP, a stalled node) past that moment writes
+nothing until it has renewed, even before it notices anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from phalanx.cluster.client import ApiClient, ApiError, resource_path
+from phalanx.cluster.client import TRANSPORT_ERRORS, ApiClient, ApiError, resource_path
 
 logger = logging.getLogger(__name__)
 
 LEASES = ("coordination.k8s.io/v1", "Lease")
+RELEASE_ERRORS: tuple[type[Exception], ...] = (ApiError, *TRANSPORT_ERRORS)
 
 
 def micro_time(moment: datetime) -> str:
@@ -30,22 +40,65 @@ def micro_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# client-go's leaderelection.JitterFactor: it requires renewDeadline > JitterFactor * retryPeriod.
+JITTER_FACTOR = 1.2
+# What leaseDuration must keep beyond renewDeadline + retryPeriod. The fence stops writes at
+# renewDeadline after a renewal began, and a standby cannot take over before leaseDuration after
+# it saw that renewal: a write let through just before the fence closed still has this long (plus
+# a retry period) to reach the API server and be stored before another leader may write. 2 s is
+# twice the Kubernetes API latency SLO for a single-object mutating call (p99 <= 1 s), and leaves
+# room for the rate difference of two nodes' clocks over a lease (parts per million).
+LEASE_MARGIN_SECONDS = 2.0
+# The settings `phalanx run` reads (the chart sets them from leaderElection.*).
+LEADER_ELECTION_ENV = "PHALANX_LEADER_ELECTION"  # "1": elect a leader
+LEASE_DURATION_ENV = "PHALANX_LEASE_DURATION_SECONDS"
+RENEW_DEADLINE_ENV = "PHALANX_LEASE_RENEW_DEADLINE_SECONDS"
+RETRY_ENV = "PHALANX_LEASE_RETRY_SECONDS"
+
+
 @dataclass(frozen=True)
 class LeaseTiming:
-    """client-go's three durations (controller-runtime's defaults are 15/10/2 s; ours take over
-    sooner)."""
+    """client-go's three durations; the defaults are controller-runtime's (15/10/2 s)."""
 
-    lease_duration: float = 10.0
-    renew_deadline: float = 7.0
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
     retry: float = 2.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.retry < self.renew_deadline < self.lease_duration:
-            raise ValueError("leader election needs 0 < retry < renew deadline < lease duration")
+        if not 0 < JITTER_FACTOR * self.retry < self.renew_deadline:
+            raise ValueError(
+                f"leader election needs 0 < {JITTER_FACTOR} x retry period ({self.retry:g} s) "
+                f"< renew deadline ({self.renew_deadline:g} s), as client-go does"
+            )
+        if self.renew_deadline + self.retry + LEASE_MARGIN_SECONDS > self.lease_duration:
+            raise ValueError(
+                f"leader election needs renew deadline ({self.renew_deadline:g} s) + retry period "
+                f"({self.retry:g} s) + {LEASE_MARGIN_SECONDS:g} s <= lease duration ({self.lease_duration:g} s): "
+                "a standby must not take over while a write of the old leader may still be on its way"
+            )
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> LeaseTiming:
+        """The durations ``PHALANX_LEASE_*_SECONDS`` set (the defaults for those unset); ValueError
+        names what is wrong."""
+        default = cls()
+        values = []
+        for name, fallback in (
+            (LEASE_DURATION_ENV, default.lease_duration),
+            (RENEW_DEADLINE_ENV, default.renew_deadline),
+            (RETRY_ENV, default.retry),
+        ):
+            text = environ.get(name) or str(fallback)
+            try:
+                values.append(float(text))
+            except ValueError:
+                raise ValueError(f"{name}={text!r} is not a number of seconds") from None
+        return cls(*values)
 
 
 class LeaderElector:
-    """Acquire, hold and release one Lease as ``identity``."""
+    """Acquire, hold and release one Lease as ``identity``. ``client`` is the elector's own
+    (``ApiClient.dedicated()``): nothing else may queue requests on it."""
 
     def __init__(
         self, client: ApiClient, namespace: str, name: str, identity: str, timing: LeaseTiming | None = None
@@ -57,6 +110,7 @@ class LeaderElector:
         self._observed: tuple[Any, ...] | None = None  # the holder's record as last seen
         self._observed_at = 0.0  # when it last changed, by our monotonic clock
         self._lease: dict[str, Any] | None = None  # the Lease as we last read or wrote it
+        self._valid_until = 0.0  # monotonic: the Lease counts as ours until then (holds_lease)
 
     @property
     def path(self) -> str:
@@ -66,7 +120,8 @@ class LeaderElector:
         now = micro_time(datetime.now(UTC))
         return {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": int(self.timing.lease_duration),
+            # whole seconds in the API: rounded up, a standby never waits less than we count on
+            "leaseDurationSeconds": math.ceil(self.timing.lease_duration),
             "acquireTime": acquired or now,
             "renewTime": now,
             "leaseTransitions": transitions,
@@ -80,8 +135,23 @@ class LeaderElector:
                 return None
             raise
 
+    def holds_lease(self) -> bool:
+        """Whether this replica may write now: it leads, and its last successful renewal began
+        less than ``renew_deadline`` ago by the monotonic clock (which runs on while the process
+        is stopped). The ``leading`` flag alone is cleared only once a renewal has failed, which a
+        frozen process notices late."""
+        return self.leading.is_set() and time.monotonic() < self._valid_until
+
     async def try_acquire_or_renew(self) -> bool:
         """One round of client-go's tryAcquireOrRenew: True when we hold the Lease afterwards."""
+        # From the round's start: the record we write may be seen by others from this moment on.
+        started = time.monotonic()
+        if await self._acquire_or_renew():
+            self._valid_until = started + self.timing.renew_deadline
+            return True
+        return False
+
+    async def _acquire_or_renew(self) -> bool:
         lease = await self._read()
         if lease is None:
             body = {
@@ -140,7 +210,6 @@ class LeaderElector:
     async def hold(self) -> None:
         """Renew every ``retry`` seconds; return when the Lease could not be renewed for
         ``renew_deadline`` (or another holder took it): leadership is lost."""
-        last_renewal = time.monotonic()
         while True:
             await asyncio.sleep(self.timing.retry)
             try:
@@ -148,9 +217,7 @@ class LeaderElector:
             except Exception as error:  # a failed renewal, whatever failed: never hold on without one
                 logger.warning("renewing lease %s/%s: %s", self.namespace, self.name, error)
                 renewed = False
-            if renewed:
-                last_renewal = time.monotonic()
-            elif time.monotonic() - last_renewal >= self.timing.renew_deadline or self._lost():
+            if not renewed and (time.monotonic() >= self._valid_until or self._lost()):
                 self.leading.clear()
                 return
 
@@ -162,11 +229,11 @@ class LeaderElector:
         """Hand the Lease back (a clean stop), so a standby need not wait out its duration."""
         if not self.leading.is_set() or self._lease is None:
             return
-        self.leading.clear()
+        self.leading.clear()  # closes the fence first: nothing else is written from now on
         spec = {**self._spec(transitions=int(self._lease["spec"].get("leaseTransitions") or 0), acquired=None)}
         spec.update(holderIdentity=None, leaseDurationSeconds=1)
         try:
             await self.client.request("PUT", self.path, body={**self._lease, "spec": spec})
             logger.info("released the lease %s/%s", self.namespace, self.name)
-        except (ApiError, OSError, TimeoutError) as error:
+        except RELEASE_ERRORS as error:
             logger.warning("releasing lease %s/%s: %s", self.namespace, self.name, error)

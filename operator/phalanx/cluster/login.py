@@ -42,7 +42,8 @@ class LoginError(RuntimeError):
 @dataclass(frozen=True)
 class Credentials:
     """How to reach and authenticate to the API server. TLS material is held as data: files the
-    package writes for it are read and removed at once, so a killed operator leaves none behind."""
+    package writes for it are read and removed at once (``Login`` keeps their bytes for later
+    refreshes), so a killed operator leaves none behind."""
 
     server: str
     ca_data: bytes | None = None
@@ -66,13 +67,26 @@ class Credentials:
         )
 
 
-def _read_and_remove(paths: list[str | None], scratch: Path) -> list[bytes | None]:
-    """The files' bytes; files the package wrote into ``scratch`` are removed afterwards (it
-    writes one file for equal contents)."""
-    contents = [Path(path).read_bytes() if path else None for path in paths]
+def _read_and_remove(paths: list[str | None], scratch: Path, kept: dict[str, bytes]) -> list[bytes | None]:
+    """The files' bytes. A file the package wrote into ``scratch`` is read once, removed, and its
+    bytes kept in ``kept`` under its path: the package hands the same path out again on every
+    refresh (it wrote the file once for that content), so a removed file is answered from memory.
+    A file outside ``scratch`` (the user's own, or the service account's) is read afresh: it may
+    rotate."""
+    contents: list[bytes | None] = []
     for path in paths:
-        if path and Path(path).parent == scratch:
-            Path(path).unlink(missing_ok=True)
+        if not path:
+            contents.append(None)
+        elif Path(path).parent == scratch and path in kept and not Path(path).exists():
+            contents.append(kept[path])
+        else:
+            data = Path(path).read_bytes()
+            if Path(path).parent == scratch:
+                kept[path] = data
+                Path(path).unlink(missing_ok=True)
+            contents.append(data)
+    for path in [path for path in kept if path not in paths]:
+        del kept[path]  # material no longer in use (an exec plugin's rotated certificate)
     return contents
 
 
@@ -107,6 +121,8 @@ class Login:
     _scratch: Path | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _source: str = field(default="", init=False, repr=False)
+    _kept: dict[str, bytes] = field(default_factory=dict, init=False, repr=False)
+    """TLS material the package wrote into the scratch directory, by path, once removed from disk."""
 
     def _use_service_account(self) -> bool:
         if self.in_cluster is not None:
@@ -201,9 +217,12 @@ class Login:
         if token:
             scheme, _, value = token.partition(" ")
             token = value if scheme.lower() == "bearer" and value else token
-        ca, certificate, key = _read_and_remove(
-            [configuration.ssl_ca_cert, configuration.cert_file, configuration.key_file], scratch
-        )
+        try:
+            ca, certificate, key = _read_and_remove(
+                [configuration.ssl_ca_cert, configuration.cert_file, configuration.key_file], scratch, self._kept
+            )
+        except OSError as error:  # a file of the user's removed or unreadable
+            raise LoginError(f"cannot read the TLS files of {self._source or 'the configuration'}: {error}") from error
         if not token and not certificate:
             raise LoginError(f"{self._source or 'the configuration'} gave neither a token nor a client certificate")
         return Credentials(
@@ -219,7 +238,8 @@ class Login:
         )
 
     def close(self) -> None:
-        """Remove the scratch directory."""
+        """Remove the scratch directory and forget the TLS material."""
+        self._kept.clear()
         if self._scratch is not None:
             with contextlib.suppress(OSError):
                 for child in self._scratch.iterdir():

@@ -20,8 +20,8 @@ from typing import Any
 import kopf
 
 from phalanx import metrics, metrics_endpoint
-from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT, ApiClient
-from phalanx.cluster.lease import LeaderElector, LeaseTiming
+from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT, ApiClient, NotLeadingError
+from phalanx.cluster.lease import LEADER_ELECTION_ENV, LeaderElector, LeaseTiming
 from phalanx.cluster.login import Credentials, Login, LoginError
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
@@ -107,10 +107,20 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         timeout=float(_setting("PHALANX_REQUEST_TIMEOUT_SECONDS", 30)),
     )
     runtime: Runtime | None = None
+    elector = leader_elector(client)
+    if elector is not None:
+        client.fence = elector.holds_lease  # every write of this replica, not only status
 
     async def handle(key: tuple[str, str]) -> float | None:
         assert runtime is not None
-        return await trainingjob.reconcile(runtime, key)
+        try:
+            return await trainingjob.reconcile(runtime, key)
+        except NotLeadingError as error:
+            # The Lease lapsed by our clock (a stall, a slow renewal): this pass stops here; it
+            # runs again once the Lease is renewed, or the process stops when it is lost.
+            assert elector is not None
+            logger.warning("pass over %s/%s stopped: %s", key[0], key[1], error)
+            return elector.timing.retry
 
     runtime = Runtime.start(
         client,
@@ -125,7 +135,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     if interval > 0:
         runtime.progress = ProgressPoller(runtime.jobs, runtime.children, runtime.queue.enqueue, interval=interval)
     tasks = [supervised(name, work) for name, work in runtime.background()]
-    elector = leader_elector(client)
     if elector is None:
         runtime.queue.start()
         tasks += [supervised(name, work) for name, work in runtime.leader_work()]
@@ -144,17 +153,18 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 
 def leader_elector(client: ApiClient) -> LeaderElector | None:
-    """The Lease to lead by when PHALANX_LEADER_ELECTION is 1 (the chart's two replicas)."""
-    if os.environ.get("PHALANX_LEADER_ELECTION", "0") != "1":
+    """The Lease to lead by when PHALANX_LEADER_ELECTION is 1 (the chart's two replicas), on a
+    client of its own: renewals never queue behind the creates of ``client``."""
+    if os.environ.get(LEADER_ELECTION_ENV, "0") != "1":
         return None
     namespace = os.environ.get("PHALANX_LEASE_NAMESPACE") or _own_namespace()
     identity = os.environ.get("PHALANX_LEADER_IDENTITY") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    timing = LeaseTiming(
-        lease_duration=float(_setting("PHALANX_LEASE_DURATION_SECONDS", 10)),
-        renew_deadline=float(_setting("PHALANX_LEASE_RENEW_DEADLINE_SECONDS", 7)),
-        retry=float(_setting("PHALANX_LEASE_RETRY_SECONDS", 2)),
-    )
-    return LeaderElector(client, namespace, os.environ.get("PHALANX_LEASE_NAME", "phalanx-operator"), identity, timing)
+    try:
+        timing = LeaseTiming.from_environment(os.environ)  # `phalanx run` checked it before kopf started
+    except ValueError as error:
+        raise kopf.PermanentError(str(error)) from error
+    name = os.environ.get("PHALANX_LEASE_NAME", "phalanx-operator")
+    return LeaderElector(client.dedicated(), namespace, name, identity, timing)
 
 
 def _own_namespace() -> str:
@@ -197,6 +207,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         elector: LeaderElector | None = getattr(memo, "elector", None)
         if elector is not None:
             await elector.release()  # after the last write: a standby may take over at once
+            await elector.client.close()
         await runtime.client.close()
     source: Login | None = getattr(memo, "login", None)
     if source is not None:
@@ -210,7 +221,7 @@ def probe(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     if runtime is None:
         return {"ready": False}
     elector: LeaderElector | None = getattr(memo, "elector", None)
-    leading = elector is None or elector.leading.is_set()
+    leading = elector is None or elector.holds_lease()
     return {
         "requests": runtime.client.requests,
         "pods": runtime.children.pod_count(),
