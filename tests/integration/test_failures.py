@@ -478,11 +478,14 @@ def test_a_worker_that_exits_0_while_it_is_evicted_is_no_success(
     kubectl: Kubectl, namespace: str, running_operator: OperatorProcess
 ) -> None:
     """A drain of a static-launcher job whose script exits 0 on SIGTERM: the exit is the eviction's
-    doing, not the end of training, so the job restarts its fixed world instead of ending Succeeded."""
+    doing, not the end of training, so the job restarts its fixed world instead of ending Succeeded.
+    The operator is busy (paused) while it happens, so its next pass sees the eviction and the exit
+    together, as a loaded operator would."""
     template = {"metadata": {"annotations": {STOP_EXIT_CODE_ANNOTATION: "0"}}, "spec": {"containers": [TRAINER]}}
     start(kubectl, namespace, desired=2, workers={"min": 2, "max": 2}, launcher="static", template=template)
     victim = naming.worker_pod_name(JOB, 0)
     hold(kubectl, namespace, victim)  # it stays, Succeeded and Terminating, for every pass to see
+    running_operator.pause()
     try:
         eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": victim, "namespace": namespace}}
         kubectl.run(
@@ -498,6 +501,7 @@ def test_a_worker_that_exits_0_while_it_is_evicted_is_no_success(
             timeout=20,
             what=f"{victim} exited 0 while evicted",
         )
+        running_operator.resume()
         state = wait_status(
             kubectl,
             namespace,
@@ -507,6 +511,7 @@ def test_a_worker_that_exits_0_while_it_is_evicted_is_no_success(
         assert state["phase"] != "Succeeded", state
         assert state["restarts"] == 0, state
     finally:
+        running_operator.resume()
         hold(kubectl, namespace, victim, held=False)
     state = wait_running(kubectl, namespace, 2)
     assert (state["attempt"], state["restarts"]) == (1, 0), state
