@@ -300,6 +300,19 @@ def test_a_node_not_ready_past_the_grace_loses_its_pods_without_a_force_delete()
     )
 
 
+def test_a_gang_restart_waits_for_the_pods_of_a_lost_node_and_says_so() -> None:
+    world = running_with_worker_2_on_node_b(World(job(workers={"min": 3, "desired": 3})))
+    world.lose_node("node-b")
+    world.reconcile()  # too few survivors: the gang restarts
+    world.finish_terminating()
+    plan = world.reconcile()
+    assert (world.status["attempt"], world.status["phase"]) == (1, "Restarting")
+    assert not [obj for obj in plan.apply if obj["kind"] == "Pod" and obj["metadata"]["name"] != "demo-rdzv"]
+    assert "demo-worker-2 is on node node-b, which has not been ready for" in world.status["message"]
+    world.deleted_nodes.add("node-b")
+    assert [(d.name, d.grace_seconds) for d in world.reconcile().delete] == [("demo-worker-2", 0)]
+
+
 def test_a_deleted_nodes_pods_are_force_deleted_at_once() -> None:
     world = running_with_worker_2_on_node_b(World(job()))
     world.deleted_nodes.add("node-b")

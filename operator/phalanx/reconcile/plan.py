@@ -458,7 +458,14 @@ class _Pass:
             self.requeue.append((not_before - self.now).total_seconds())
             return PhaseView("Restarting", "Backoff", f"attempt {attempt} starts at {self.memory.restart_not_before}")
         if stale:
-            return PhaseView("Restarting", "GangRestart", f"waiting for {len(stale)} old worker(s) to stop")
+            message = f"waiting for {len(stale)} old worker(s) to stop"
+            stuck = next((pod for pod in stale if pod.node_name and self.node_lost(pod) is not None), None)
+            if stuck is not None:
+                message += (
+                    f"; {stuck.name} is on node {stuck.node_name}, which {self.node_lost(stuck)}: it stops when "
+                    "the node comes back or is deleted (its container may still run, so it is not force-deleted)"
+                )
+            return PhaseView("Restarting", "GangRestart", message)
         if group is not None and not self.observed.has("PodGroup", group["metadata"]["name"]):
             return PhaseView("Pending", "WaitingForPodGroup", "waiting for the PodGroup to exist")
 
