@@ -4,6 +4,7 @@ they waited for and what they saw when a wait times out."""
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,8 @@ POOL_LABEL = "phalanx.dev/test-pool"
 WAITING_REASON_LABEL = "kwok.phalanx.dev/waiting-reason"
 WAITING_MESSAGE_ANNOTATION = "kwok.phalanx.dev/waiting-message"
 DELETE_DELAY_ANNOTATION = "kwok.phalanx.dev/delete-delay"
+STOP_EXIT_CODE_ANNOTATION = "kwok.phalanx.dev/stop-exit-code"  # a container's exit code when its pod is deleted
+HOLD_FINALIZER = "phalanx.dev/test-hold"
 TRAINER: dict[str, Any] = {
     "name": "trainer",
     "image": "example/train:1",
@@ -267,3 +270,12 @@ def store_pod(kubectl: Kubectl, namespace: str) -> dict[str, Any]:
     pod = kubectl.get("pod", naming.rendezvous_name(JOB), namespace)
     assert pod is not None
     return pod
+
+
+def hold(kubectl: Kubectl, namespace: str, pod: str, held: bool = True) -> None:
+    """Keep a pod from going away (a finalizer nobody removes) until released."""
+    finalizers = [HOLD_FINALIZER] if held else []
+    kubectl.run(
+        "patch", "pod", pod, f"--namespace={namespace}", "--type=merge",
+        "-p", json.dumps({"metadata": {"finalizers": finalizers}}),
+    )  # fmt: skip

@@ -38,6 +38,7 @@ from tests.integration.scenario import (
     create,
     event_summary,
     events,
+    hold,
     metric,
     replaced_and_running,
     running_and_ready,
@@ -59,7 +60,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOOPBACK_TAINT = {"key": "phalanx.dev/loopback", "value": "true", "effect": "NoSchedule"}
 LOOPBACK_POOL = "loopback"
 POOL_LABEL = "phalanx.dev/test-pool"
-HOLD_FINALIZER = "phalanx.dev/test-hold"
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -144,13 +144,9 @@ def test_a_quota_refusal_is_explained_paced_and_retried_as_soon_as_quota_frees(
     state = wait_status(kubectl, namespace, lambda s: s.get("reason") == "QuotaExceeded", "reason QuotaExceeded")
     assert state["phase"] in ("Pending", "Starting"), state
     assert "exceeded quota: pods-limit" in state["message"], state["message"]
-    # The store and the workers are created together: the quota lets in some of them, in whichever
-    # order the API server answers. A refused worker leaves a partial gang; a refused store leaves
-    # the workers waiting for it (and it was never lost: no gang restart when it comes).
-    if "creating Pod demo-rdzv" in state["message"]:
-        assert "worker(s) ready" in state["message"], state["message"]
-    else:
-        assert "1 of the 2 worker(s) it needs (workers.min)" in state["message"], state["message"]
+    # The store comes first (the quota's third pod), then the workers: one of them fits, and the
+    # refused one leaves a partial gang.
+    assert "1 of the 2 worker(s) it needs (workers.min)" in state["message"], state["message"]
     assert conditions(state)["Stalled"] == ("True", "QuotaExceeded")
     assert conditions(state)["Failed"][0] == "False"
     warning = wait_event(kubectl, namespace, "QuotaExceeded", "creating Pod")
@@ -168,6 +164,39 @@ def test_a_quota_refusal_is_explained_paced_and_retried_as_soon_as_quota_frees(
     kubectl.run("patch", "tj", "small", f"--namespace={namespace}", "--type=merge", "-p", '{"spec":{"suspend":true}}')
     state = wait_running(kubectl, namespace, 2, timeout=20)  # retried at once, not after 30 s
     assert conditions(state)["Stalled"][0] == "False"
+    assert (state["restarts"], state.get("restartsByReason") or {}) == (0, {})
+
+
+def refused_creations(operator: OperatorProcess) -> int:
+    """Pod creations the API server refused for the quota: the operator logs each one."""
+    return operator.log().count("refused (QuotaExceeded)")
+
+
+def test_a_quota_blocked_job_retries_with_one_probe_and_ramps_up_when_it_passes(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    """A job of 24 workers in a namespace whose quota holds 3 pods: its first pass tries every
+    worker, then each retry is one probe request (not every refused worker again), and once the
+    quota is raised the creations double until all are in."""
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "pods-limit"}}
+    kubectl.create({**quota, "spec": {"hard": {"pods": "3"}}}, namespace=namespace)
+    create(kubectl, namespace, workers={"min": 2, "max": 24, "desired": 24})
+    wait_status(kubectl, namespace, lambda s: s.get("reason") == "QuotaExceeded", "reason QuotaExceeded")
+    kubectl.wait_for(lambda: refused_creations(operator) >= 22, timeout=20, what="the first pass's 22 refusals")
+    first = refused_creations(operator)
+    assert first == 22, operator.log()  # store and 2 workers fit; each other worker tried once
+    # three retries (after 2, 5 and 10 s), one request each: before, each re-POSTed all 22
+    kubectl.wait_for(lambda: refused_creations(operator) >= first + 3, timeout=40, what="three retries")
+    assert refused_creations(operator) <= first + 4, refused_creations(operator) - first
+    kubectl.run(
+        "patch", "resourcequota", "pods-limit", f"--namespace={namespace}", "--type=merge",
+        "-p", json.dumps({"spec": {"hard": {"pods": "100"}}}),
+    )  # fmt: skip
+    kubectl.wait_for(
+        lambda: len(workers(kubectl, namespace)) == 24, timeout=90, what="every worker once the quota is raised"
+    )
+    assert refused_creations(operator) <= first + 6, refused_creations(operator) - first
+    state = status(kubectl, namespace)
     assert (state["restarts"], state.get("restartsByReason") or {}) == (0, {})
 
 
@@ -269,15 +298,6 @@ def test_an_operator_restart_during_the_gang_restart_backoff_resumes_the_new_att
 # -- 6: children by owner UID --------------------------------------------------------------------
 
 
-def hold(kubectl: Kubectl, namespace: str, pod: str, held: bool = True) -> None:
-    """Keep a pod from going away (a finalizer nobody removes) until released."""
-    finalizers = [HOLD_FINALIZER] if held else []
-    kubectl.run(
-        "patch", "pod", pod, f"--namespace={namespace}", "--type=merge",
-        "-p", json.dumps({"metadata": {"finalizers": finalizers}}),
-    )  # fmt: skip
-
-
 def test_a_job_created_again_under_the_same_name_never_takes_its_predecessors_pods(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
@@ -310,6 +330,34 @@ def test_a_job_created_again_under_the_same_name_never_takes_its_predecessors_po
     assert {pod["metadata"]["ownerReferences"][0]["uid"] for pod in new.values()} == {job["metadata"]["uid"]}
     state = wait_running(kubectl, namespace, 3)
     assert (state["restarts"], state.get("restartsByReason") or {}, state["attempt"]) == (0, {}, 0)
+
+
+def test_a_job_created_again_while_its_predecessors_store_terminates_starts_without_a_restart(
+    kubectl: Kubectl, namespace: str, operator: OperatorProcess
+) -> None:
+    """The old store pod (held Terminating by a finalizer, as a slow kubelet would) keeps the store's
+    name: the new job creates no worker until its own store exists, and does not take the store it
+    never had for a lost one (before: attempt 1, RendezvousStoreLost)."""
+    start(kubectl, namespace)
+    store = naming.rendezvous_name(JOB)
+    hold(kubectl, namespace, store)
+    try:
+        kubectl.delete("tj", JOB, namespace, wait=True)  # the TrainingJob is gone; its pods terminate
+        kubectl.wait_for(lambda: not workers(kubectl, namespace), timeout=30, what="the old workers gone")
+        create(kubectl, namespace)
+        state = wait_status(kubectl, namespace, lambda s: s.get("reason") == "NameConflict", "reason NameConflict")
+        assert f"Pod {store}" in state["message"], state["message"]
+        assert workers(kubectl, namespace) == {}, "workers created before the job's own store exists"
+    finally:
+        hold(kubectl, namespace, store, held=False)
+    state = wait_running(kubectl, namespace, 3)
+    assert (state["restarts"], state.get("restartsByReason") or {}, state["attempt"]) == (0, {}, 0), event_summary(
+        kubectl, namespace
+    )
+    job = kubectl.get("tj", JOB, namespace)
+    assert job is not None
+    owner = kubectl.get("pod", store, namespace)
+    assert owner is not None and owner["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
 
 
 def test_a_foreign_pod_with_a_workers_name_is_left_alone_and_reported(

@@ -17,6 +17,7 @@ from phalanx.api.v1alpha1 import TrainingJob
 from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.observed import (
     Completion,
+    NodeLoss,
     Observed,
     QueuedWorkload,
     Refusal,
@@ -53,6 +54,10 @@ class World:
         self.pods: dict[str, dict[str, Any]] = {}
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.unready_nodes: set[str] = set()
+        self.unready_since: dict[str, datetime] = {}  # NodeCache's record of when each went unready
+        self.deleted_nodes: set[str] = set()
+        self.node_loss = NodeLoss()  # the operator's node settings (grace, force)
+        self.retry_batch = 1  # RefusalMemory.batch
         self.progress: WorkerProgress | None = None  # what the operator last scraped from a worker
         self.completion: Completion | None = None  # what the operator last read from the store
         self.refusals: dict[tuple[str, str], Refusal] = {}  # creations the API server refused, by (kind, name)
@@ -92,6 +97,13 @@ class World:
             node_capacity=self.node_capacity,
             node_allocatable=tuple(capacity.parse_allocatable(node) for node in self.node_allocatable),
             workload=self.workload,
+            node_loss=NodeLoss(
+                unready_since={node: self.unready_since.get(node, self.now) for node in self.unready_nodes},
+                deleted=frozenset(self.deleted_nodes),
+                grace_seconds=self.node_loss.grace_seconds,
+                force_delete=self.node_loss.force_delete,
+            ),
+            retry_batch=self.retry_batch,
         )
 
     def plan(self) -> Plan:
@@ -150,11 +162,25 @@ class World:
         self.now += timedelta(seconds=seconds)
 
     def finish_terminating(self) -> None:
-        """The kubelet confirms graceful deletions (except on nodes that are gone)."""
+        """The kubelet confirms graceful deletions (except on nodes that are not ready or gone)."""
         for name, pod in list(self.pods.items()):
             node = pod.get("spec", {}).get("nodeName")
-            if pod["metadata"].get("deletionTimestamp") and node not in self.unready_nodes:
+            if pod["metadata"].get("deletionTimestamp") and node not in self.unready_nodes | self.deleted_nodes:
                 del self.pods[name]
+
+    def node_not_ready(self, node: str) -> None:
+        """The node's Ready condition stops being True now (NodeCache remembers since when)."""
+        self.unready_nodes.add(node)
+        self.unready_since.setdefault(node, self.now)
+
+    def node_ready(self, node: str) -> None:
+        self.unready_nodes.discard(node)
+        self.unready_since.pop(node, None)
+
+    def lose_node(self, node: str) -> None:
+        """The node is not ready and stays so past the operator's node-lost grace."""
+        self.node_not_ready(node)
+        self.advance(self.node_loss.grace_seconds)
 
     def workers(self, attempt: int | None = None) -> list[dict[str, Any]]:
         pods = [p for p in self.pods.values() if p["metadata"]["labels"][naming.ROLE_LABEL] == naming.ROLE_WORKER]

@@ -62,7 +62,7 @@ def test_the_step_clock_runs_from_when_the_count_last_changed() -> None:
 
 
 def running(world: World) -> World:
-    world.reconcile()
+    world.settle()
     world.run()
     world.reconcile()
     assert world.status["phase"] == "Running"

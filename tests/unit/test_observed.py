@@ -97,9 +97,9 @@ def test_classification() -> None:
         failure = classify(record)
         assert failure is not None
         assert (failure.reason, failure.counted, failure.action) == (reason, counted, action), record
-    lost = classify(PodRecord("p", "worker", phase="Running", node_name="n"), node_ready=False)
+    lost = classify(PodRecord("p", "worker", phase="Running", node_name="n"), node_lost="was deleted")
     assert lost is not None
-    assert lost.reason == "NodeLost"
+    assert (lost.reason, lost.message) == ("NodeLost", "worker p is on node n, which was deleted")
     assert classify(PodRecord("p", "worker", phase="Running")) is None
     assert classify(PodRecord("p", "worker", phase="Succeeded")) is None
 

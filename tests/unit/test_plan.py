@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from phalanx.reconcile import naming
-from phalanx.reconcile.observed import QueuedWorkload
-from phalanx.reconcile.plan import backoff_seconds
+from phalanx.reconcile.observed import NodeLoss, QueuedWorkload
+from phalanx.reconcile.plan import NODE_CAPACITY_STAMP_SECONDS, backoff_seconds
+from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job, manifest
 from tests.unit.simulation import World
 
@@ -13,17 +14,13 @@ def conditions(world: World) -> dict[str, str]:
     return {c["type"]: c["status"] for c in world.status["conditions"]}
 
 
-def test_first_pass_creates_service_store_and_workers_and_writes_status() -> None:
+def test_first_pass_creates_service_and_store_the_next_the_workers_and_writes_status() -> None:
     world = World(job())
     plan = world.reconcile()
     kinds = [(obj["kind"], obj["metadata"]["name"]) for obj in plan.apply]
-    assert kinds == [
-        ("Service", "demo-rdzv"),
-        ("Pod", "demo-rdzv"),
-        ("Pod", "demo-worker-0"),
-        ("Pod", "demo-worker-1"),
-        ("Pod", "demo-worker-2"),
-    ]
+    assert kinds == [("Service", "demo-rdzv"), ("Pod", "demo-rdzv")]  # no worker before its store exists
+    workers = world.reconcile()
+    assert [obj["metadata"]["name"] for obj in workers.apply] == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
     assert world.status["phase"] == "Pending"
     assert world.status["observedGeneration"] == 1
     assert conditions(world) == {
@@ -38,8 +35,9 @@ def test_first_pass_creates_service_store_and_workers_and_writes_status() -> Non
     assert world.status["selector"] == "phalanx.dev/job-name=demo,phalanx.dev/role=worker"
 
 
-def test_second_pass_against_its_own_result_changes_nothing() -> None:
+def test_a_pass_against_its_own_result_changes_nothing() -> None:
     world = World(job())
+    world.reconcile()
     world.reconcile()
     again = world.reconcile()
     assert not again.changes_children
@@ -48,7 +46,7 @@ def test_second_pass_against_its_own_result_changes_nothing() -> None:
 
 def test_running_when_min_workers_and_store_ready() -> None:
     world = World(job())
-    world.reconcile()
+    world.settle()
     world.run()
     world.reconcile()
     assert world.status["phase"] == "Running"
@@ -60,7 +58,7 @@ def test_running_when_min_workers_and_store_ready() -> None:
 
 def test_starting_until_min_workers_are_ready() -> None:
     world = World(job())
-    world.reconcile()
+    world.settle()
     world.schedule_only("demo-worker-0")
     world.reconcile()
     assert world.status["phase"] == "Starting"
@@ -74,7 +72,7 @@ def test_starting_until_min_workers_are_ready() -> None:
 
 def test_unschedulable_pods_explain_pending() -> None:
     world = World(job())
-    world.reconcile()
+    world.settle()
     world.unschedulable("demo-worker-0", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
     world.reconcile()
     assert world.status["phase"] == "Pending"
@@ -252,18 +250,94 @@ def test_lost_store_restarts_the_gang_without_counting() -> None:
     assert world.status["restartsByReason"] == {"RendezvousStoreLost": 1}
 
 
-def test_node_lost_force_deletes_and_replaces() -> None:
-    world = World(job())
+def running_with_worker_2_on_node_b(world: World) -> World:
     world.settle()
-    world.run()
     world.run("demo-worker-2", node="node-b")
-    world.pods["demo-worker-2"]["spec"]["nodeName"] = "node-b"
+    world.run()
     world.reconcile()
-    world.unready_nodes.add("node-b")
+    assert world.status["phase"] == "Running"
+    return world
+
+
+def test_a_ready_blip_changes_nothing() -> None:
+    world = running_with_worker_2_on_node_b(World(job()))
+    grace = world.node_loss.grace_seconds
+    world.node_not_ready("node-b")
+    plan = world.reconcile()
+    assert (plan.delete, plan.apply) == ((), ())
+    assert plan.requeue_after == grace  # looked at again when the grace runs out
+    world.advance(8)
+    assert world.reconcile().requeue_after == grace - 8
+    world.node_ready("node-b")
+    plan = world.reconcile()
+    assert not plan.changes_children
+    assert (world.status["phase"], world.status["attempt"], world.status["restartsByReason"]) == ("Running", 0, {})
+
+
+def test_a_node_not_ready_past_the_grace_loses_its_pods_without_a_force_delete() -> None:
+    """The container may still run on a node that stopped answering: the pod is deleted gracefully
+    and its slot waits until the node comes back (the kubelet stops it) or is deleted."""
+    world = running_with_worker_2_on_node_b(World(job()))
+    world.lose_node("node-b")
+    plan = world.reconcile()
+    assert [(d.name, d.grace_seconds) for d in plan.delete] == [("demo-worker-2", None)]
+    assert (world.status["restarts"], world.status["restartsByReason"]) == (0, {"NodeLost": 1})
+    assert "demo-worker-2 is on node node-b, which has not been ready for 300s" in plan.events[0].message
+    world.finish_terminating()  # no kubelet confirms it
+    plan = world.reconcile()
+    assert (plan.apply, plan.delete) == ((), ())  # neither forced nor taken over: two agents for one slot
+    assert world.status["restartsByReason"] == {"NodeLost": 1}
+    world.deleted_nodes.add("node-b")  # the node object is gone: no container can run there any more
     plan = world.reconcile()
     assert [(d.name, d.grace_seconds) for d in plan.delete] == [("demo-worker-2", 0)]
+    world.settle()
+    world.run()
+    world.settle()
+    assert (world.status["phase"], world.status["attempt"], world.status["restartsByReason"]) == (
+        "Running",
+        0,
+        {"NodeLost": 1},
+    )
+
+
+def test_a_gang_restart_waits_for_the_pods_of_a_lost_node_and_says_so() -> None:
+    world = running_with_worker_2_on_node_b(World(job(workers={"min": 3, "desired": 3})))
+    world.lose_node("node-b")
+    world.reconcile()  # too few survivors: the gang restarts
+    world.finish_terminating()
+    plan = world.reconcile()
+    assert (world.status["attempt"], world.status["phase"]) == (1, "Restarting")
+    assert not [obj for obj in plan.apply if obj["kind"] == "Pod" and obj["metadata"]["name"] != "demo-rdzv"]
+    assert "demo-worker-2 is on node node-b, which has not been ready for" in world.status["message"]
+    world.deleted_nodes.add("node-b")
+    assert [(d.name, d.grace_seconds) for d in world.reconcile().delete] == [("demo-worker-2", 0)]
+
+
+def test_a_deleted_nodes_pods_are_force_deleted_at_once() -> None:
+    world = running_with_worker_2_on_node_b(World(job()))
+    world.deleted_nodes.add("node-b")
+    plan = world.reconcile()
+    assert [(d.name, d.grace_seconds) for d in plan.delete] == [("demo-worker-2", 0)]
+    assert "which was deleted" in plan.events[0].message
+
+
+def test_the_operator_may_be_told_to_force_delete_the_pods_of_a_lost_node() -> None:
+    world = running_with_worker_2_on_node_b(World(job()))
+    world.node_loss = NodeLoss(grace_seconds=30, force_delete=True)
+    world.node_not_ready("node-b")
+    assert world.reconcile().delete == ()
+    world.advance(30)
+    plan = world.reconcile()
+    assert [(d.name, d.grace_seconds) for d in plan.delete] == [("demo-worker-2", 0)]
+
+
+def test_a_pod_the_taint_manager_evicts_is_replaced_within_the_grace() -> None:
+    world = running_with_worker_2_on_node_b(World(job()))
+    world.node_not_ready("node-b")
+    world.disrupt("demo-worker-2", "DeletionByTaintManager")
+    plan = world.reconcile()
+    assert [(d.name, d.grace_seconds) for d in plan.delete] == [("demo-worker-2", 0)]  # it has finished
     assert world.status["restartsByReason"] == {"NodeLost": 1}
-    assert world.status["restarts"] == 0
 
 
 def test_suspend_stops_pods_and_resume_starts_a_new_attempt() -> None:
@@ -281,7 +355,69 @@ def test_suspend_stops_pods_and_resume_starts_a_new_attempt() -> None:
     plan = world.reconcile()
     assert world.status["attempt"] == 1
     assert world.status["restarts"] == 0
-    assert len([o for o in plan.apply if o["kind"] == "Pod"]) == 4
+    assert [o["metadata"]["name"] for o in plan.apply if o["kind"] == "Pod"] == ["demo-rdzv"]
+    assert len([o for o in world.reconcile().apply if o["kind"] == "Pod"]) == 3  # once the store exists
+
+
+def test_a_resumed_job_gets_its_whole_active_deadline_again() -> None:
+    """batch/v1 resets startTime when a suspended job resumes: time suspended never counts."""
+    world = World(job(activeDeadlineSeconds=60))
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.advance(50)
+    world.body["spec"]["suspend"] = True
+    world.settle()
+    world.advance(3600)
+    world.body["spec"]["suspend"] = False
+    world.settle()
+    assert world.status["phase"] == "Pending" and "startTime" not in world.status
+    world.run()
+    world.reconcile()
+    assert (world.status["phase"], world.status["startTime"]) == ("Running", format_time(world.now))
+    assert world.reconcile().requeue_after == 60
+    world.advance(59)
+    world.reconcile()
+    assert world.status["phase"] == "Running"
+    world.advance(1)
+    world.reconcile()
+    assert world.status["reason"] == "DeadlineExceeded"
+
+
+def test_a_gang_kueue_evicted_gets_its_whole_active_deadline_again() -> None:
+    """An eviction by Kueue takes the quota back and queues the gang again: a suspension in
+    batch/v1 terms, so the deadline counts from when the re-admitted gang trains."""
+    world = World(job(activeDeadlineSeconds=60, gang={"scheduler": "kueue", "queue": "team-a"}))
+    world.workload = QueuedWorkload(name="demo-a0", admitted=True)
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.advance(50)
+    world.workload = QueuedWorkload(name="demo-a0", admitted=False, evicted="Preempted")
+    for pod in world.workers():  # Kueue deletes an evicted group's pods
+        pod["metadata"]["deletionTimestamp"] = format_time(world.now)
+    world.reconcile()
+    assert (world.status["attempt"], world.status["restartsByReason"]) == (1, {"Evicted": 1})
+    assert "startTime" not in world.status
+    world.finish_terminating()
+    world.advance(3600)  # queued
+    world.workload = QueuedWorkload(name="demo-a1", admitted=True)
+    world.settle()
+    world.run()
+    world.settle()
+    assert (world.status["phase"], world.status["startTime"]) == ("Running", format_time(world.now))
+
+
+def test_a_restart_for_a_failure_keeps_the_deadline_running() -> None:
+    world = World(job(activeDeadlineSeconds=60, workers={"min": 3, "desired": 3}))
+    world.settle()
+    world.run()
+    world.reconcile()
+    started = world.status["startTime"]
+    world.advance(30)
+    world.terminate("demo-worker-0", 1)
+    world.reconcile()
+    assert (world.status["attempt"], world.status["startTime"]) == (1, started)
 
 
 def test_deadline_fails_the_job() -> None:
@@ -319,26 +455,51 @@ def test_podgroup_comes_before_pods() -> None:
     assert [obj["metadata"]["name"] for obj in plan.apply] == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
 
 
-def test_a_waiting_coscheduling_gang_has_its_podgroup_touched_when_nodes_offer_more() -> None:
+def stamp(world: World) -> str:
+    group = world.objects[("PodGroup.scheduling.x-k8s.io", naming.pod_group_name("demo"))]
+    return str(group["metadata"]["annotations"].get(naming.NODE_CAPACITY_ANNOTATION, ""))
+
+
+def waiting_coscheduling_gang() -> World:
     world = World(job(gpus={"count": 2}, gang={"scheduler": "scheduler-plugins"}))
     world.node_capacity = "nodes-1"
     world.settle()
-    group = ("PodGroup.scheduling.x-k8s.io", naming.pod_group_name("demo"))
-    assert naming.NODE_CAPACITY_ANNOTATION not in world.objects[group]["metadata"]["annotations"]
+    assert stamp(world) == ""
     for pod in world.workers():
         world.unschedulable(pod["metadata"]["name"], "0/1 nodes are available: not enough nvidia.com/gpu")
     world.settle()  # the gang waits: the PodGroup carries the nodes it was rejected on
-    assert world.objects[group]["metadata"]["annotations"][naming.NODE_CAPACITY_ANNOTATION] == "nodes-1"
+    return world
+
+
+def test_a_waiting_coscheduling_gang_has_its_podgroup_touched_when_nodes_offer_more() -> None:
+    world = waiting_coscheduling_gang()
+    assert stamp(world) == f"nodes-1@{format_time(world.now)}"
     assert world.reconcile().apply == ()
+    world.advance(NODE_CAPACITY_STAMP_SECONDS)
     world.node_capacity = "nodes-2"  # a node came
     applied = world.reconcile().apply
     assert [obj["kind"] for obj in applied] == ["PodGroup"]  # an update: Coscheduling tries the gang again
-    assert applied[0]["metadata"]["annotations"][naming.NODE_CAPACITY_ANNOTATION] == "nodes-2"
-    assert applied[0]["spec"] == world.objects[group]["spec"]
+    assert applied[0]["metadata"]["annotations"][naming.NODE_CAPACITY_ANNOTATION].startswith("nodes-2@")
+    assert applied[0]["spec"] == world.objects[("PodGroup.scheduling.x-k8s.io", naming.pod_group_name("demo"))]["spec"]
     world.run()
+    world.advance(NODE_CAPACITY_STAMP_SECONDS)
     world.node_capacity = "nodes-3"  # once placed, node changes cost the PodGroup no writes
     assert [obj["kind"] for obj in world.settle().apply] == []
-    assert world.objects[group]["metadata"]["annotations"][naming.NODE_CAPACITY_ANNOTATION] == "nodes-2"
+    assert stamp(world).startswith("nodes-2@")
+
+
+def test_a_waiting_podgroup_is_stamped_at_most_once_per_interval_however_often_pods_leave() -> None:
+    world = waiting_coscheduling_gang()
+    writes = 0
+    for second in range(1, 61):  # a pod leaves the cluster every second: a new fingerprint each time
+        world.advance(1)
+        world.node_capacity = f"nodes-released-{second}"
+        plan = world.reconcile()
+        writes += sum(1 for obj in plan.apply if obj["kind"] == "PodGroup")
+        if not plan.apply:
+            assert plan.requeue_after is not None  # the newest capacity is stamped when the interval ends
+    assert writes == 60 / NODE_CAPACITY_STAMP_SECONDS
+    assert stamp(world).startswith("nodes-released-60@")
 
 
 def test_a_gang_kueue_holds_says_so_in_kueues_words() -> None:

@@ -5,6 +5,7 @@ store pod under Pod Security "restricted"."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -15,7 +16,8 @@ from phalanx.cluster.apply import RefusalMemory
 from phalanx.reconcile import desired, naming
 from phalanx.reconcile.environment import resolve_launch
 from phalanx.reconcile.observed import Completion, Refusal
-from phalanx.reconcile.plan import REFUSAL_RETRY_SECONDS, refusal_retry_at, unparsable
+from phalanx.reconcile.plan import REFUSAL_RETRY_SECONDS, Plan, refusal_retry_at, unparsable
+from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job, manifest
 from tests.unit.simulation import START, World
 
@@ -23,7 +25,7 @@ QUOTA = 'pods "demo-worker-1" is forbidden: exceeded quota: pods, requested: pod
 
 
 def running(world: World) -> World:
-    world.reconcile()
+    world.settle()
     world.run()
     world.reconcile()
     assert world.status["phase"] == "Running", world.status
@@ -90,12 +92,12 @@ def test_a_lost_store_restarts_the_gang_once_even_if_its_pod_outlives_the_pass()
 def test_a_store_lost_with_its_node_goes_even_when_the_node_comes_back() -> None:
     world = running(World(job()))
     store = naming.rendezvous_name("demo")
-    world.unready_nodes.add("node-a")  # every pod runs there
+    world.lose_node("node-a")  # every pod runs there; not ready past the grace
     store_uid = uid_of(world, store)
     world.carry_out(world.plan(), stop_after_status=True)  # the gang restart is recorded, nothing deleted
     assert (world.status["attempt"], world.status["restartsByReason"]) == (1, {"NodeLost": 1})
     assert store_uid in world.status["countedFailures"]
-    world.unready_nodes.clear()  # the node is back before the operator is
+    world.node_ready("node-a")  # the node is back before the operator is
     plan = world.reconcile()
     assert store in {d.name for d in plan.delete}  # declared lost: it goes all the same
     assert not [obj for obj in plan.apply if obj["kind"] == "Pod"]  # no worker dials the old store
@@ -136,6 +138,25 @@ def test_restarts_equal_the_counted_failures_whatever_the_interruptions(
     assert by_reason.get("WorkerFailed", 0) == sum(1 for _, oom, _ in failures if not oom)
 
 
+def test_a_correlated_failure_counts_once_below_and_above_the_gang_threshold() -> None:
+    """desired 8, min 4, maxRestarts 3: four workers failing together (four survive: each is
+    replaced) counted 4 and failed the job, five (a gang restart) counted 1. One event, counted once."""
+    for failing in (4, 5):
+        world = World(job(workers={"min": 4, "max": 8, "desired": 8}, failurePolicy={"maxRestarts": 3}))
+        world.settle()
+        world.run()
+        world.reconcile()
+        names = [naming.worker_pod_name("demo", index) for index in range(failing)]
+        for name in names:
+            world.terminate(name, 137, reason="OOMKilled")  # an OOM at the same step on every rank
+        uids = {uid_of(world, name) for name in names}
+        plan = world.reconcile()
+        assert (world.status["restarts"], world.status["restartsByReason"]) == (1, {"OOMKilled": 1}), failing
+        assert world.status["phase"] == ("Rescaling" if failing == 4 else "Restarting")
+        assert uids <= set(world.status["countedFailures"])
+        assert {d.name for d in plan.delete} >= set(names)
+
+
 # -- container start errors ----------------------------------------------------------------------
 
 
@@ -161,7 +182,7 @@ def refused(world: World, name: str, reason: str, message: str, attempts: int = 
 
 def test_a_quota_refusal_is_explained_and_retried_at_a_paced_interval_without_failing() -> None:
     world = World(job(workers={"desired": 2}))
-    world.reconcile()
+    world.settle()
     refused_name = naming.worker_pod_name("demo", 1)
     world.pods.pop(refused_name)  # the API server refused to create it
     refused(world, refused_name, "QuotaExceeded", QUOTA)
@@ -188,10 +209,10 @@ def test_a_quota_refusal_is_explained_and_retried_at_a_paced_interval_without_fa
 
 
 def test_a_store_refused_by_quota_is_created_later_and_nothing_restarts() -> None:
-    """Store and workers are created together; the quota may let the workers in and refuse the
-    store. The store never ran, so it was not lost: no gang restart when it comes."""
+    """An older operator created store and workers together; the quota may have let the workers in
+    and refused the store. The store never ran, so it was not lost: no gang restart when it comes."""
     world = World(job(workers={"desired": 2}))
-    world.reconcile()
+    world.settle()
     store = naming.rendezvous_name("demo")
     world.pods.pop(store)
     refused(world, store, "QuotaExceeded", QUOTA)
@@ -216,12 +237,13 @@ def test_refusal_pauses_grow_and_are_capped() -> None:
     assert pauses == sorted(pauses) and pauses[0] == REFUSAL_RETRY_SECONDS[0] and pauses[-1] == 60
 
 
-def test_a_freed_quota_is_retried_at_once() -> None:
+def test_a_freed_quota_is_retried_without_the_long_pause() -> None:
     world = World(job(workers={"desired": 2}))
-    world.reconcile()
+    world.settle()
     name = naming.worker_pod_name("demo", 1)
     world.pods.pop(name)
-    world.refusals[("Pod", name)] = Refusal("QuotaExceeded", QUOTA, world.now, world.now, 3, retry_now=True)
+    refused_at = world.now - timedelta(seconds=REFUSAL_RETRY_SECONDS[0])  # its third pause would be 10 s
+    world.refusals[("Pod", name)] = Refusal("QuotaExceeded", QUOTA, refused_at, refused_at, 3, retry_now=True)
     assert name in {obj["metadata"]["name"] for obj in world.plan().apply}
 
 
@@ -229,6 +251,7 @@ def test_a_name_held_by_another_owner_is_never_taken_over() -> None:
     world = World(job())
     taken = naming.worker_pod_name("demo", 0)
     world.foreign.add(("Pod", taken))
+    world.reconcile()  # the store first
     plan = world.reconcile()
     assert taken not in {obj["metadata"]["name"] for obj in plan.apply}
     assert taken not in {deletion.name for deletion in plan.delete}
@@ -355,3 +378,154 @@ def test_creating_the_stores_service_never_clears_the_store_pods_refusal() -> No
     world.run()
     plan = world.reconcile()
     assert not plan.delete and world.status.get("restartsByReason") in (None, {})
+
+
+# -- exits during a deletion or an eviction ------------------------------------------------------
+
+
+def test_a_worker_that_exits_0_while_being_deleted_or_evicted_is_no_success() -> None:
+    """A static launcher's script may exit 0 on SIGTERM: a drain must not end the job Succeeded."""
+    for stop in ("delete", "evict"):
+        world = running(World(job()))
+        name = naming.worker_pod_name("demo", 0)
+        if stop == "delete":
+            world.pods[name]["metadata"]["deletionTimestamp"] = format_time(world.now)  # kubectl drain
+            world.terminate(name, 0, reason="Completed")
+        else:
+            world.terminate(name, 0, reason="Completed")
+            world.disrupt(name, "EvictionByEvictionAPI")
+            world.pods[name]["status"]["phase"] = "Succeeded"
+        world.reconcile()
+        assert world.status["phase"] != "Succeeded", (stop, world.status)
+        world.finish_terminating()
+        world.settle()
+        world.run()
+        world.settle()
+        assert (world.status["phase"], world.status["restarts"]) == ("Running", 0), stop
+    world.terminate(naming.worker_pod_name("demo", 1), 0, reason="Completed")  # a real exit 0 still is
+    world.reconcile()
+    assert world.status["phase"] == "Succeeded"
+
+
+# -- a job created again under its predecessor's name ---------------------------------------------
+
+
+def test_a_job_created_again_while_its_predecessors_store_terminates_waits_and_restarts_nothing() -> None:
+    """The old store pod (another owner's, terminating) holds the store's name: the new job creates
+    no worker until its own store exists, and a store it never had is not lost."""
+    world = World(job())
+    store = naming.rendezvous_name("demo")
+    world.foreign.add(("Pod", store))
+    for _ in range(3):
+        plan = world.reconcile()
+        assert not [obj for obj in plan.apply if obj["kind"] == "Pod"], plan.apply
+        assert plan.delete == ()
+    assert (world.status["phase"], world.status["reason"]) == ("Pending", "NameConflict")
+    assert store in world.status["message"]
+    world.foreign.clear()  # the old store is gone
+    assert [obj["metadata"]["name"] for obj in world.reconcile().apply if obj["kind"] == "Pod"] == [store]
+    world.settle()
+    world.run()
+    world.settle()
+    assert (world.status["phase"], world.status["attempt"]) == ("Running", 0)
+    assert world.status.get("restartsByReason") in (None, {})
+
+
+def test_workers_an_older_operator_created_beside_a_predecessors_store_are_not_restarted() -> None:
+    world = World(job())
+    world.settle()
+    store = naming.rendezvous_name("demo")
+    world.pods.pop(store)  # as an older operator left it: its store never created, the name taken
+    world.foreign.add(("Pod", store))
+    plan = world.reconcile()
+    assert plan.delete == () and world.status["attempt"] == 0
+    assert world.status.get("restartsByReason") in (None, {})
+
+
+# -- retries of refused pods ----------------------------------------------------------------------
+
+
+def refuse_all_workers(world: World, attempts: int = 1) -> None:
+    for index in range(world.job.spec.workers.desired):
+        name = naming.worker_pod_name("demo", index)
+        world.pods.pop(name, None)
+        refused(world, name, "QuotaExceeded", QUOTA, attempts)
+
+
+def created_pods(plan: Any) -> list[str]:
+    return [obj["metadata"]["name"] for obj in plan.apply if obj["kind"] == "Pod"]
+
+
+def test_a_quota_blocked_job_retries_with_one_probe_not_every_worker() -> None:
+    world = World(job(workers={"min": 2, "max": 256, "desired": 256}))
+    world.settle()
+    refuse_all_workers(world)
+    assert created_pods(world.reconcile()) == []  # within the pause
+    world.advance(REFUSAL_RETRY_SECONDS[0])
+    assert created_pods(world.reconcile()) == [naming.worker_pod_name("demo", 0)]
+    world.retry_batch = 2  # the probe passed (RefusalMemory.batch)
+    world.refusals.pop(("Pod", naming.worker_pod_name("demo", 0)))
+    assert created_pods(world.reconcile()) == [naming.worker_pod_name("demo", i) for i in (1, 2)]
+
+
+def test_retries_of_a_blocked_job_cost_one_request_per_pause_and_double_as_they_pass() -> None:
+    """The operator's side of a quota (RefusalMemory records what the API server refused) over seven
+    minutes: a job of 64 workers in a namespace where 8 pods fit until the quota is raised."""
+    world = World(job(workers={"min": 2, "max": 64, "desired": 64}))
+    memory = RefusalMemory()
+    uid, key = world.job.metadata.uid, ("ml", "demo")
+    room, requests, first = 8, 0, 0
+    for second in range(420):
+        if second == 200:
+            room = 1000  # the quota is raised
+        world.refusals = memory.of(uid)
+        world.retry_batch = memory.batch(uid)
+        plan = world.plan()
+        world.carry_out(dataclasses.replace(plan, apply=tuple(o for o in plan.apply if o["kind"] != "Pod")))
+        for obj in plan.apply:
+            if obj["kind"] != "Pod":
+                continue
+            requests += 1
+            child = ("Pod", obj["metadata"]["name"])
+            if len(world.pods) < room:
+                world.carry_out(Plan(apply=(obj,)))
+                memory.clear(uid, child)
+            else:
+                memory.record(uid, key, child, "QuotaExceeded", QUOTA, world.now)
+        if second == 1:  # the store came first; this pass tried every worker: nothing was refused yet
+            first = requests
+            assert first == 65 and len(world.pods) == room
+        if second == 199:
+            # one probe per pause (2, 5, 10, 30, then 60 s), not 57 pods re-POSTed at every retry
+            assert requests - first <= 8, requests - first
+        world.advance(1)
+    assert len(world.workers()) == 64  # all created once the quota allows, in doubling batches
+    assert requests - first <= 8 + (65 - 8), requests - first  # each refused pod created once more
+
+
+def test_a_pod_leaving_the_namespace_wakes_a_blocked_job_once_for_one_probe() -> None:
+    memory = RefusalMemory()
+    for index in range(64):
+        memory.record("uid-demo", ("ml", "demo"), ("Pod", f"demo-worker-{index}"), "QuotaExceeded", QUOTA, START)
+    assert memory.quota_freed("ml") == [("ml", "demo")]  # once, not once per refused pod
+    assert memory.quota_freed("ml") == []  # already woken
+    assert memory.quota_freed("other") == []
+    assert memory.batch("uid-demo") == 1
+    memory.clear("uid-demo", ("Pod", "demo-worker-0"))
+    assert memory.batch("uid-demo") == 2
+    memory.clear("uid-demo", ("Pod", "demo-worker-1"))
+    memory.clear("uid-demo", ("Pod", "demo-worker-2"))
+    assert memory.batch("uid-demo") == 4
+    memory.record("uid-demo", ("ml", "demo"), ("Pod", "demo-worker-3"), "QuotaExceeded", QUOTA, START)
+    assert memory.batch("uid-demo") == 1
+
+
+def test_pod_churn_in_the_namespace_cannot_make_a_blocked_job_probe_more_than_every_first_pause() -> None:
+    world = World(job(workers={"desired": 4}))
+    world.settle()
+    refuse_all_workers(world, attempts=5)
+    for key, refusal in list(world.refusals.items()):
+        world.refusals[key] = dataclasses.replace(refusal, retry_now=True)  # pods keep leaving
+    assert created_pods(world.reconcile()) == []  # refused just now
+    world.advance(REFUSAL_RETRY_SECONDS[0])
+    assert len(created_pods(world.reconcile())) == 1  # not the 60 s pause: a pod left; one probe

@@ -55,8 +55,7 @@ def env_of(pod: dict[str, Any]) -> dict[str, str]:
 def started(spec: dict[str, Any]) -> World:
     world = World(job(**spec))
     world.reconcile()
-    if spec["gang"]["scheduler"] in ("scheduler-plugins", "volcano"):
-        world.reconcile()  # workers follow once the PodGroup exists
+    world.reconcile()  # workers follow once the store (and the PodGroup, if any) exists
     return world
 
 
@@ -182,7 +181,7 @@ def test_invariants_hold_through_any_sequence_of_events(spec: dict[str, Any], ac
             world.finish_terminating()
         elif action == "lose-node" and target:
             world.run(target, node=f"node-{number}")
-            world.unready_nodes.add(world.pods[target]["spec"]["nodeName"])
+            world.node_not_ready(world.pods[target]["spec"]["nodeName"])  # lost once "wait" passes its grace
         world.reconcile()
         status = world.status
         assert status["restarts"] >= restarts and status["attempt"] >= attempt
@@ -205,3 +204,28 @@ def test_invariants_hold_through_any_sequence_of_events(spec: dict[str, Any], ac
             assert {c["type"]: c["status"] for c in status["conditions"]}["Stalled"] == "True"
         if status["phase"] in ("Succeeded", "Failed"):
             break
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_workers_failing_in_one_pass_are_one_counted_failure_whatever_survives(data: st.DataObject) -> None:
+    """Below workers.min survivors the gang restarts, above it each failed worker is replaced: the
+    count is one failure event either way, with every failed pod's UID recorded."""
+    wanted = data.draw(st.integers(1, 8), label="desired")
+    low = data.draw(st.integers(1, wanted), label="min")
+    world = World(job(workers={"min": low, "max": 8, "desired": wanted}, failurePolicy={"maxRestarts": 1}))
+    world.settle()
+    world.run()
+    world.reconcile()
+    names = [pod["metadata"]["name"] for pod in world.workers()]
+    failing = data.draw(st.lists(st.sampled_from(names), min_size=1, unique=True), label="failing")
+    for name in failing:
+        world.terminate(name, data.draw(st.sampled_from([1, 137]), label=f"exit code of {name}"), "Error")
+    uids = {world.pods[name]["metadata"]["uid"] for name in failing}
+    world.reconcile()
+    status = world.status
+    assert status["restarts"] == 1 and sum(status["restartsByReason"].values()) == 1
+    assert status["phase"] != "Failed"  # one event of a budget of one
+    assert uids <= set(status.get("countedFailures") or ())
+    world.reconcile()  # the same failures seen again count nothing
+    assert world.status["restarts"] == 1

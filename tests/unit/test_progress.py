@@ -213,7 +213,7 @@ def test_one_pod_serving_garbage_costs_only_its_own_job_and_the_poller_goes_on()
 
 def running_world() -> World:
     world = World(job())
-    world.reconcile()
+    world.settle()
     world.run()
     world.reconcile()
     assert world.status["phase"] == "Running"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,11 @@ from typing import Any
 import pytest
 
 from phalanx import cli
-from phalanx.cli.run import watch_scope
+from phalanx.cli.run import node_options, watch_scope
 from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, RecentlyDeleted, WorkloadCache
 from phalanx.cluster.client import resource_path
 from phalanx.cluster.workqueue import WorkQueue
+from phalanx.handlers.runtime import node_loss_settings
 from phalanx.reconcile import naming
 from phalanx.reconcile.observed import QueuedWorkload
 from phalanx.worker import choose_backend
@@ -301,6 +303,61 @@ def test_node_cache_reports_readiness_changes() -> None:
     assert nodes.unready() == frozenset({"n1"})
     assert nodes.observe("MODIFIED", ready)
     assert nodes.unready() == frozenset()
+
+
+def test_node_cache_remembers_since_when_a_node_is_not_ready_and_which_were_deleted() -> None:
+    clock = [datetime(2026, 12, 1, 12, 0, tzinfo=UTC)]
+    nodes = NodeCache(clock=lambda: clock[0])
+
+    def body(name: str, status: str, since: str | None = None) -> dict[str, Any]:
+        condition = {"type": "Ready", "status": status, **({"lastTransitionTime": since} if since else {})}
+        return {"metadata": {"name": name}, "status": {"conditions": [condition]}}
+
+    nodes.replace("Node", None, [body("n1", "True"), body("n2", "False", "2026-12-01T11:58:00Z")], "1")
+    # a node already not ready when the operator starts: the cluster's time, not the operator's start
+    assert nodes.unready_since() == {"n2": datetime(2026, 12, 1, 11, 58, tzinfo=UTC)}
+    clock[0] += timedelta(seconds=30)
+    nodes.observe("MODIFIED", body("n1", "Unknown"))  # no transition time: when first seen so
+    nodes.observe("MODIFIED", body("n2", "Unknown", "2026-12-01T12:00:20Z"))  # False -> Unknown keeps it
+    nodes.observe("MODIFIED", body("n3", "False", "2026-12-01T13:00:00Z"))  # a clock ahead: never later
+    assert nodes.unready_since() == {
+        "n1": clock[0],
+        "n2": datetime(2026, 12, 1, 11, 58, tzinfo=UTC),
+        "n3": clock[0],
+    }
+    nodes.observe("MODIFIED", body("n1", "True"))
+    nodes.observe("DELETED", body("n2", "Unknown"))
+    assert set(nodes.unready_since()) == {"n3"} and nodes.deleted() == frozenset({"n2"})
+    nodes.replace("Node", None, [body("n1", "True")], "2")  # without n3: deleted while the watch was down
+    assert nodes.deleted() == frozenset({"n2", "n3"})
+    nodes.observe("ADDED", body("n3", "True"))  # a node of that name is back
+    clock[0] += NodeCache.DELETED_MEMORY
+    assert nodes.deleted() == frozenset({"n2"})
+    clock[0] += timedelta(seconds=31)
+    assert nodes.deleted() == frozenset()
+
+
+def test_run_takes_its_node_options_out_of_kopfs_arguments() -> None:
+    arguments = ["--standalone", "--node-lost-grace-seconds", "30", "-n", "ml", "--force-delete-on-node-lost"]
+    assert node_options(arguments) == (
+        ["--standalone", "-n", "ml"],
+        {"PHALANX_NODE_LOST_GRACE_SECONDS": "30", "PHALANX_FORCE_DELETE_ON_NODE_LOST": "1"},
+    )
+    assert node_options(["--node-lost-grace-seconds=0"]) == ([], {"PHALANX_NODE_LOST_GRACE_SECONDS": "0"})
+    with pytest.raises(SystemExit, match="number of seconds"):
+        node_options(["--node-lost-grace-seconds=soon"])
+
+
+def test_node_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PHALANX_NODE_LOST_GRACE_SECONDS", raising=False)
+    monkeypatch.delenv("PHALANX_FORCE_DELETE_ON_NODE_LOST", raising=False)
+    assert node_loss_settings() == (300.0, False)  # Kubernetes' default toleration; never forced
+    monkeypatch.setenv("PHALANX_NODE_LOST_GRACE_SECONDS", "45")
+    monkeypatch.setenv("PHALANX_FORCE_DELETE_ON_NODE_LOST", "1")
+    assert node_loss_settings() == (45.0, True)
+    monkeypatch.setenv("PHALANX_NODE_LOST_GRACE_SECONDS", "-1")
+    with pytest.raises(ValueError, match="PHALANX_NODE_LOST_GRACE_SECONDS"):
+        node_loss_settings()
 
 
 def node(name: str, gpus: int, *, ready: bool = True, **spec: Any) -> dict[str, Any]:

@@ -269,8 +269,11 @@ class FailurePolicy(ApiModel):
     )
 
     max_restarts: int = Field(default=3, ge=0, le=1000)
-    """Gang restarts allowed for failures that count (application errors, OOM) before the job fails.
-    Evictions, preemptions and lost nodes do not count."""
+    """Counted failures allowed before the job fails. One failure event is what one reconcile pass
+    finds failed: however many workers failed together (an OOM at the same step, an NCCL error
+    cascading through the ranks), and whether the survivors train on or the gang restarts, it
+    counts once. Application errors, OOM kills and hangs (progressDeadlineSeconds) count;
+    evictions, preemptions, lost nodes and a lost rendezvous store do not."""
 
     backoff_seconds: int = Field(default=10, ge=0, le=3600)
     """Wait before the first gang restart; it doubles with every counted restart."""
@@ -488,7 +491,11 @@ class TrainingJobSpec(ApiModel):
     """Delete the finished job (and its pods) this long after it succeeded or failed."""
 
     active_deadline_seconds: int | None = Field(default=None, ge=1)
-    """Fail the job when it has been running longer than this, counted from its first start."""
+    """Fail the job when it has been training longer than this, counted from status.startTime: when
+    it first trained, and again when it trains after a suspension (spec.suspend) or after Kueue
+    evicted its gang (Kueue took the quota back and queued it again), as batch/v1 restarts the clock
+    when a suspended Job resumes. Time suspended or queued never counts; gang restarts for failures
+    do not restart the clock."""
 
     template: PodTemplate = Field(json_schema_extra={"x-kubernetes-validations": [immutable("the pod template")]})
     """The worker pod template."""

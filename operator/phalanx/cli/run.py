@@ -46,8 +46,43 @@ def check_lease_timing(environ: Mapping[str, str]) -> None:
         raise SystemExit(f"phalanx run: {error}") from None
 
 
+NODE_LOST_GRACE_OPTION = "--node-lost-grace-seconds"
+FORCE_DELETE_OPTION = "--force-delete-on-node-lost"
+
+
+def node_options(arguments: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Take phalanx's own node options out of the arguments for kopf: the rest, and the environment
+    they set (``PHALANX_NODE_LOST_GRACE_SECONDS``, ``PHALANX_FORCE_DELETE_ON_NODE_LOST``)."""
+    from phalanx.handlers.runtime import FORCE_DELETE_ON_NODE_LOST, NODE_LOST_GRACE
+
+    rest: list[str] = []
+    settings: dict[str, str] = {}
+    remaining = iter(arguments)
+    for argument in remaining:
+        if argument == NODE_LOST_GRACE_OPTION:
+            settings[NODE_LOST_GRACE] = next(remaining, "")
+        elif argument.startswith(f"{NODE_LOST_GRACE_OPTION}="):
+            settings[NODE_LOST_GRACE] = argument.removeprefix(f"{NODE_LOST_GRACE_OPTION}=")
+        elif argument == FORCE_DELETE_OPTION:
+            settings[FORCE_DELETE_ON_NODE_LOST] = "1"
+        else:
+            rest.append(argument)
+    grace = settings.get(NODE_LOST_GRACE)
+    if grace is not None and not _seconds(grace):
+        raise SystemExit(f"phalanx run: {NODE_LOST_GRACE_OPTION} takes a number of seconds >= 0, not {grace!r}")
+    return rest, settings
+
+
+def _seconds(text: str) -> bool:
+    try:
+        return float(text) >= 0
+    except ValueError:
+        return False
+
+
 def run(kopf_args: list[str]) -> int:
-    """Run the operator; every argument but ``--job-network-policy`` goes to ``kopf run``."""
+    """Run the operator; every argument but phalanx's own options (``--job-network-policy``, the node
+    options) goes to ``kopf run``."""
     from kopf.cli import main as kopf_main
 
     from phalanx.handlers.runtime import JOB_NETWORK_POLICY, WATCH_NAMESPACES
@@ -56,6 +91,8 @@ def run(kopf_args: list[str]) -> int:
         os.environ[JOB_NETWORK_POLICY] = "1"
         kopf_args = [argument for argument in kopf_args if argument != JOB_NETWORK_POLICY_FLAG]
     check_lease_timing(os.environ)
+    kopf_args, settings = node_options(kopf_args)
+    os.environ.update(settings)
     os.environ[WATCH_NAMESPACES] = ",".join(watch_scope(kopf_args) or [])
     kopf_main(["run", "-m", "phalanx.handlers", *kopf_args], standalone_mode=False)
     return 0
@@ -70,6 +107,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "kopf_args",
         nargs=argparse.REMAINDER,
-        help="e.g. --all-namespaces --standalone --liveness=http://0.0.0.0:8080/healthz",
+        help=(
+            "e.g. --all-namespaces --standalone --liveness=http://0.0.0.0:8080/healthz; besides kopf's, "
+            f"{NODE_LOST_GRACE_OPTION}=SECONDS (how long a node may be not Ready before its pods are taken "
+            f"for lost, default 300) and {FORCE_DELETE_OPTION} (then force-delete them; default: only "
+            "when the node object is gone)"
+        ),
     )
     parser.set_defaults(func=lambda args: run(args.kopf_args))

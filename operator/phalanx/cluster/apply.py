@@ -108,17 +108,20 @@ def refusal_message(error: ApiError) -> str:
 class RefusalMemory:
     """What the API server last refused to create, by job UID and child (kind and name: the store's
     Service and pod share a name, and creating one must not clear the other's refusal), for the
-    planner."""
+    planner; and, per job, how many creations passed since its last refusal: the slow start of its
+    retries (``batch``)."""
 
     def __init__(self) -> None:
         self._refusals: dict[str, dict[ChildKey, Refusal]] = {}
         self._jobs: dict[str, tuple[str, str]] = {}
+        self._passed: dict[str, int] = {}  # job UID -> creations that passed since its last refusal
 
     def record(
         self, job_uid: str, key: tuple[str, str], child: ChildKey, reason: str, message: str, now: datetime
     ) -> None:
         known = self._refusals.setdefault(job_uid, {}).get(child)
         self._jobs[job_uid] = key
+        self._passed[job_uid] = 0
         if known is not None and known.reason == reason:
             # after a freed quota the pauses start short again: the quota controller may lag
             attempts = 1 if known.retry_now else known.attempts + 1
@@ -128,33 +131,48 @@ class RefusalMemory:
         self._refusals[job_uid][child] = refusal
 
     def clear(self, job_uid: str, child: ChildKey) -> None:
+        """A creation passed (or found its object)."""
         refusals = self._refusals.get(job_uid)
-        if refusals is not None:
-            refusals.pop(child, None)
-            if not refusals:
-                self._refusals.pop(job_uid, None)
-                self._jobs.pop(job_uid, None)
+        if refusals is None:
+            return
+        refusals.pop(child, None)
+        self._passed[job_uid] = self._passed.get(job_uid, 0) + 1
+        if not refusals:
+            self._refusals.pop(job_uid, None)
+            self._jobs.pop(job_uid, None)
+            self._passed.pop(job_uid, None)
 
     def of(self, job_uid: str) -> dict[ChildKey, Refusal]:
         return dict(self._refusals.get(job_uid, {}))
+
+    def batch(self, job_uid: str) -> int:
+        """How many pods the job's next pass may create while some are refused: one probe after a
+        refusal, then twice as many each time they pass (1, 2, 4, ...: the Job controller's slow
+        start), so a blocked job costs one request per retry, not one per pod."""
+        return self._passed.get(job_uid, 0) + 1
 
     def forget_job(self, key: tuple[str, str]) -> None:
         for job_uid in [uid for uid, known in self._jobs.items() if known == key]:
             self._refusals.pop(job_uid, None)
             self._jobs.pop(job_uid, None)
+            self._passed.pop(job_uid, None)
 
     def quota_freed(self, namespace: str) -> list[tuple[str, str]]:
-        """A pod in ``namespace`` went away: quota refusals there may be retried at once.
-        Returns the jobs to wake."""
+        """A pod in ``namespace`` went away: jobs refused by a quota there may try their probe without
+        waiting out a long pause (the planner still keeps the first pause between two probes, so a
+        namespace's churn cannot make a job hammer). Returns the jobs to wake, once each."""
         woken = []
         for job_uid, refusals in self._refusals.items():
             key = self._jobs[job_uid]
             if key[0] != namespace:
                 continue
+            waiting = False
             for name, refusal in list(refusals.items()):
                 if refusal.reason == "QuotaExceeded" and not refusal.retry_now:
                     refusals[name] = dataclasses.replace(refusal, retry_now=True)
-                    woken.append(key)
+                    waiting = True
+            if waiting:
+                woken.append(key)
         return woken
 
 

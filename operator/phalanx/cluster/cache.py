@@ -25,6 +25,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -432,18 +433,33 @@ class ChildCache(ListedSink):
 
 
 class NodeCache(ListedSink):
-    """Names of nodes whose Ready condition is not True, and a fingerprint of what the schedulable
-    nodes offer.
+    """Nodes whose Ready condition is not True and since when, nodes recently deleted, and a
+    fingerprint of what the schedulable nodes offer.
+
+    Since when a node is not ready: its Ready condition's ``lastTransitionTime`` (never later than
+    when this process first saw it so), kept while the node stays not ready. A timestamp the cluster
+    holds, not this process's memory, so an operator restart or a leader change does not start the
+    node-lost grace again and two replicas agree; the node lifecycle controller writes it when it
+    marks a silent node Unknown. A later flip between False and Unknown moves the condition's time
+    but not this one.
 
     ``on_change(name)`` is called when a node's readiness changed or it was deleted;
     ``on_capacity()`` when what a schedulable node offers changed (a node came, went, became Ready
     or schedulable, lost a taint, changed its allocatable) or a pod freed what it held.
     """
 
+    DELETED_MEMORY = timedelta(hours=1)
+    """How long a deleted node is remembered: longer than the pod garbage collector takes to remove
+    the pods bound to it."""
+
     def __init__(
-        self, on_change: Callable[[str], None] | None = None, on_capacity: Callable[[], None] | None = None
+        self,
+        on_change: Callable[[str], None] | None = None,
+        on_capacity: Callable[[], None] | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self._unready: set[str] = set()
+        self._unready: dict[str, datetime] = {}  # node -> since when it is not Ready
+        self._deleted: dict[str, datetime] = {}  # node -> when its deletion was seen
         self._known: set[str] = set()
         self._offers: dict[str, str] = {}  # schedulable node -> what it offers
         # schedulable node -> its allocatable as listed, and parsed (once per change)
@@ -456,23 +472,29 @@ class NodeCache(ListedSink):
         self._fingerprint: str | None = None
         self._on_change = on_change
         self._on_capacity = on_capacity
+        self._clock = clock
 
     def observe(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
         """Fold one node event in; True when the node's readiness changed."""
         name = body["metadata"]["name"]
         conditions = (body.get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        condition = next((c for c in conditions if c.get("type") == "Ready"), None)
+        ready = condition is not None and condition.get("status") == "True"
         deleted = event_type == "DELETED"
         unready = not deleted and not ready
         before = name in self._unready
+        now = self._clock()
         if unready:
-            self._unready.add(name)
+            if not before:
+                self._unready[name] = _unready_since(condition, now)
         else:
-            self._unready.discard(name)
+            self._unready.pop(name, None)
         if deleted:
             self._known.discard(name)
+            self._deleted[name] = now
         else:
             self._known.add(name)
+            self._deleted.pop(name, None)
         self._observe_offer(name, None if deleted or unready else _offer(body))
         if name in self._offers:
             allocatable = (body.get("status") or {}).get("allocatable") or {}
@@ -509,6 +531,18 @@ class NodeCache(ListedSink):
     def unready(self) -> frozenset[str]:
         return frozenset(self._unready)
 
+    def unready_since(self) -> dict[str, datetime]:
+        """Node -> since when it has not been Ready."""
+        return dict(self._unready)
+
+    def deleted(self) -> frozenset[str]:
+        """Nodes deleted in the last ``DELETED_MEMORY`` (and not back since)."""
+        if self._deleted:
+            oldest = self._clock() - self.DELETED_MEMORY
+            for name in [name for name, when in self._deleted.items() if when < oldest]:
+                del self._deleted[name]
+        return frozenset(self._deleted)
+
     def allocatable(self) -> tuple[Mapping[str, Decimal], ...]:
         """What each schedulable node can give pods in all, in base units (rebuilt only when a
         node changed)."""
@@ -530,6 +564,16 @@ class NodeCache(ListedSink):
             listing = f"{self._offer_digest:032x}/{self._released}"
             self._fingerprint = hashlib.sha256(listing.encode()).hexdigest()[:16] if self._offers else ""
         return self._fingerprint
+
+
+def _unready_since(condition: Mapping[str, Any] | None, now: datetime) -> datetime:
+    """When a node's Ready condition last changed (see ``NodeCache``), never later than ``now``."""
+    stamp = str((condition or {}).get("lastTransitionTime") or "")
+    try:
+        since = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return now
+    return min(since, now) if since.tzinfo is not None else now
 
 
 def _offer_digest(name: str, offer: str) -> int:

@@ -25,11 +25,13 @@ from phalanx.cluster.informer import Informer, Resource
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.reconcile import desired, naming
-from phalanx.reconcile.observed import JobIsolation, Observed
+from phalanx.reconcile.observed import NODE_LOST_GRACE_SECONDS, JobIsolation, NodeLoss, Observed
 
 WATCH_NAMESPACES = "PHALANX_WATCH_NAMESPACES"
 JOB_NETWORK_POLICY = "PHALANX_JOB_NETWORK_POLICY"
 JOB_NETWORK_POLICY_SCRAPERS = "PHALANX_JOB_NETWORK_POLICY_SCRAPERS"
+NODE_LOST_GRACE = "PHALANX_NODE_LOST_GRACE_SECONDS"
+FORCE_DELETE_ON_NODE_LOST = "PHALANX_FORCE_DELETE_ON_NODE_LOST"
 
 TRAINING_JOBS = Resource(api.API_VERSION, api.PLURAL, api.KIND)
 PODS = Resource("v1", "pods", "Pod")
@@ -61,6 +63,20 @@ def job_isolation() -> JobIsolation | None:
     return JobIsolation(scrapers=peers)
 
 
+def node_loss_settings() -> tuple[float, bool]:
+    """How long a node may be not Ready before its pods are taken for lost (default 300 s, as
+    Kubernetes' taint-based eviction), and whether their pods are then force-deleted (default no:
+    the container may still run). From the environment, which the chart and `phalanx run` set."""
+    text = os.environ.get(NODE_LOST_GRACE, "") or str(NODE_LOST_GRACE_SECONDS)
+    try:
+        grace = float(text)
+    except ValueError:
+        grace = -1.0
+    if not grace >= 0:  # also refuses NaN
+        raise ValueError(f"{NODE_LOST_GRACE} must be a number of seconds >= 0, not {text!r}")
+    return grace, os.environ.get(FORCE_DELETE_ON_NODE_LOST, "0") == "1"
+
+
 @dataclass
 class Runtime:
     """Client, caches, informers and the work queue of one operator process."""
@@ -76,6 +92,8 @@ class Runtime:
     progress: ProgressPoller | None = None  # None when PHALANX_PROGRESS_INTERVAL_SECONDS is 0
     isolation: JobIsolation | None = None  # each job's NetworkPolicy, when the operator renders them
     informers: list[Informer] = field(default_factory=list)
+    node_lost_grace_seconds: float = NODE_LOST_GRACE_SECONDS
+    force_delete_on_node_lost: bool = False
     events: EventRecorder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +112,7 @@ class Runtime:
     ) -> Runtime:
         """Build the caches and the informers that feed them (not yet running)."""
         runtime = cls(client=client, queue=queue, isolation=isolation or job_isolation())
+        runtime.node_lost_grace_seconds, runtime.force_delete_on_node_lost = node_loss_settings()
         runtime.jobs = JobCache(on_change=runtime._job_changed)
         runtime.children = ChildCache(on_change=runtime._child_changed, on_pod_gone=runtime._pod_gone)
         runtime.nodes = NodeCache(on_change=runtime._node_changed, on_capacity=runtime._capacity_changed)
@@ -173,8 +192,9 @@ class Runtime:
             self.queue.enqueue(key)
 
     def _pod_gone(self, namespace: str) -> None:
-        """A pod went away: quota it held may let a refused creation through now, and what it held
-        on its node may let a waiting gang be placed."""
+        """A pod went away: quota it held may let a refused creation through now (each such job may
+        send one probe, at most every few seconds), and what it held on its node may let a waiting
+        gang be placed (its PodGroup is stamped at most every NODE_CAPACITY_STAMP_SECONDS)."""
         for key in self.refusals.quota_freed(namespace):
             self.queue.enqueue(key)
         self.nodes.pod_released()
@@ -249,7 +269,18 @@ class Runtime:
             if job.spec.gang.scheduler == "kueue"
             else None,
         )
-        return replace(observed, isolation=self.isolation) if self.isolation is not None else observed
+        node_loss = NodeLoss(
+            unready_since=self.nodes.unready_since(),
+            deleted=self.nodes.deleted(),
+            grace_seconds=self.node_lost_grace_seconds,
+            force_delete=self.force_delete_on_node_lost,
+        )
+        return replace(
+            observed,
+            node_loss=node_loss,
+            retry_batch=self.refusals.batch(job.metadata.uid),
+            isolation=self.isolation,
+        )
 
     def execution(self) -> Execution:
         return Execution(

@@ -1,10 +1,10 @@
 """Classify a worker's failure from Kubernetes state, not from its exit code alone.
 
 torchrun exits 1 whatever went wrong, so the exit code says little. The pod's
-conditions (DisruptionTarget), the container's terminated and waiting reasons and the
-node's readiness tell evictions and lost nodes (replace, do not count) from OOM kills
-and application errors (count against the budget) from configuration errors that no
-retry can fix (fail fast).
+conditions (DisruptionTarget), the container's terminated and waiting reasons and whether
+its node is lost (not Ready past the operator's grace, or deleted) tell evictions and lost
+nodes (replace, do not count) from OOM kills and application errors (count against the
+budget) from configuration errors that no retry can fix (fail fast).
 """
 
 from __future__ import annotations
@@ -83,8 +83,11 @@ def root_cause(termination_message: str) -> str:
     return str(message).strip() if message else termination_message.strip()
 
 
-def classify(pod: PodRecord, *, node_ready: bool = True) -> Failure | None:
-    """The failure of one worker pod, or None while it is healthy, pending or finished well."""
+def classify(pod: PodRecord, *, node_lost: str | None = None) -> Failure | None:
+    """The failure of one worker pod, or None while it is healthy, pending or finished well.
+
+    ``node_lost`` says why the pod's node is taken for lost (not Ready past the grace, deleted);
+    None while it is Ready or within the grace."""
     if pod.waiting_reason in FATAL_WAITING_REASONS:
         detail = f": {pod.waiting_message}" if pod.waiting_message else ""
         return Failure(
@@ -111,12 +114,12 @@ def classify(pod: PodRecord, *, node_ready: bool = True) -> Failure | None:
             action="replace",
             message=f"worker {pod.name} was disrupted ({pod.disruption_reason})",
         )
-    if not node_ready and pod.node_name and not pod.finished:
+    if node_lost is not None and pod.node_name and not pod.finished:
         return Failure(
             "NodeLost",
             counted=False,
             action="replace",
-            message=f"worker {pod.name} is on node {pod.node_name}, which is not ready",
+            message=f"worker {pod.name} is on node {pod.node_name}, which {node_lost}",
         )
     if pod.phase != "Failed":
         return None

@@ -162,6 +162,28 @@ class Refusal:
     """Something changed that may let it pass (a pod of the namespace went away, freeing quota)."""
 
 
+NODE_LOST_GRACE_SECONDS = 300.0
+"""Kubernetes' default toleration of the not-ready and unreachable taints (DefaultTolerationSeconds)."""
+
+
+@dataclass(frozen=True)
+class NodeLoss:
+    """When pods on a node that is not Ready are taken for lost, and how they are deleted.
+
+    A Ready blip (a slow kubelet, a control-plane brownout) must change nothing: like the node
+    lifecycle controller, the operator waits ``grace_seconds`` before it acts on a node, and it never
+    force-deletes a pod whose container may still run (two agents for one slot) unless the node
+    object is gone or the operator was told to (``force_delete``)."""
+
+    unready_since: Mapping[str, datetime] = field(default_factory=dict)
+    """Node -> since when its Ready condition has not been True (see ``NodeCache``)."""
+    deleted: frozenset[str] = frozenset()
+    """Nodes deleted from the API: no kubelet will ever stop or confirm their pods."""
+    grace_seconds: float = NODE_LOST_GRACE_SECONDS
+    force_delete: bool = False
+    """Force-delete the pods of a node lost past the grace (the operator's opt-in)."""
+
+
 @dataclass(frozen=True)
 class Observed:
     """Everything observed about one TrainingJob's children."""
@@ -170,6 +192,7 @@ class Observed:
     objects: Mapping[ChildKey, ObjectRecord] = field(default_factory=dict)
     """Services and PodGroups by (``child_kind``, name)."""
     unready_nodes: frozenset[str] = frozenset()
+    """Nodes whose Ready condition is not True now."""
     progress: WorkerProgress | None = None
     completion: Completion | None = None
     foreign: frozenset[ChildKey] = frozenset()
@@ -186,6 +209,11 @@ class Observed:
     """Kueue's Workload for the current attempt's pod group (gang.scheduler kueue)."""
     isolation: JobIsolation | None = None
     """Whether (and how) the job's pods are fenced by a NetworkPolicy; None: the operator renders none."""
+    node_loss: NodeLoss = field(default_factory=NodeLoss)
+    """Since when ``unready_nodes`` are not Ready, deleted nodes, and the operator's node settings."""
+    retry_batch: int = 1
+    """How many pods a pass may create while creations of this job are refused: a slow start, one
+    probe after a refusal, doubled as creations pass (``RefusalMemory.batch``)."""
 
     def workers(self) -> list[PodRecord]:
         """Worker pods, any attempt."""

@@ -14,12 +14,23 @@ Exactly-once counting: every failure recorded in ``restarts``/``restartsByReason
 failed pod's UID to ``status.countedFailures`` in the same status write. A pod whose UID is
 there is never counted again, however often the operator restarts, a delete fails or a late
 watch event shows it once more; a UID leaves the record only when the pod is gone from a
-synced view, and UIDs are never reused.
+synced view, and UIDs are never reused. The workers a pass finds failed are one failure event,
+counted once whether they are replaced one by one or the gang restarts: correlated failures
+(an OOM at the same step, an NCCL cascade) are one incident, and the count must not depend on
+how many workers survive it.
+
+Nodes: a pod is taken for lost with its node only when the node was deleted or has not been
+Ready for the operator's grace (``NodeLoss``); a pod the taint manager evicts says so itself.
+A pod whose container may still run is never force-deleted unless its node object is gone or the
+operator was told to.
 
 Creations the API server refused for a reason that may pass (a quota, a name held by an
 object this job does not own, a gang scheduler API that is not installed) never fail the
 job: the pass leaves that child out, retries at a paced interval, and says why in the
-``Stalled`` condition and an Event.
+``Stalled`` condition and an Event. Pods are retried with a slow start, as the Job controller
+does: one probe when the job's last refusal's pause has passed, then twice as many each time
+creations pass (``Observed.retry_batch``), so a blocked job of hundreds of workers costs one
+request per pause, not hundreds.
 """
 
 from __future__ import annotations
@@ -42,6 +53,9 @@ TRAINING = ("Running", "Rescaling")
 SUCCESS_GRACE_SECONDS = 60
 REFUSAL_RETRY_SECONDS = (2.0, 5.0, 10.0, 30.0, 60.0)
 """Pause before creating a refused child again, by how many times in a row it was refused."""
+NODE_CAPACITY_STAMP_SECONDS = 10.0
+"""Least time between two new node-capacity stamps on one waiting PodGroup: pods leave the cluster
+all the time, and each would otherwise cost every waiting gang a PodGroup write."""
 
 
 def refusal_retry_at(refusal: Refusal) -> datetime:
@@ -52,7 +66,8 @@ def refusal_retry_at(refusal: Refusal) -> datetime:
 
 @dataclass(frozen=True)
 class Deletion:
-    """A child to delete; ``grace_seconds=0`` force-deletes pods whose node is gone."""
+    """A child to delete; ``grace_seconds=0`` force-deletes a pod that has finished or that no
+    kubelet can stop any more (see ``_Pass.remove``)."""
 
     kind: str
     name: str
@@ -117,6 +132,13 @@ def worker_event_reason(reason: str) -> str:
     return reason if reason.startswith("Worker") else f"Worker{reason}"
 
 
+def failure_event(failures: list[tuple[PodRecord, Failure]]) -> Failure:
+    """The one failure event the workers failed in one pass make: its first counted failure, else
+    its first (``restartsByReason`` gets one entry per event, not per pod)."""
+    counted = [failure for _, failure in failures if failure.counted]
+    return counted[0] if counted else failures[0][1]
+
+
 def backoff_seconds(policy: api.FailurePolicy, counted_restarts: int) -> int:
     """Exponential backoff: backoffSeconds doubled per counted restart, capped."""
     if counted_restarts <= 0:
@@ -141,17 +163,53 @@ class _Pass:
         self.rescaled: Literal["up", "down"] | None = None
         self.stalled: tuple[str, str] | None = None
         self.blocked: list[tuple[str, str]] = []  # (reason, message) of children we could not create
+        self.pod_budget: int | None = None  # pods this pass may still create (None: no limit)
+        self.pod_budget_known = False
 
     # -- helpers ---------------------------------------------------------------------------------
 
-    def node_ready(self, pod: PodRecord) -> bool:
-        return pod.node_name is None or pod.node_name not in self.observed.unready_nodes
+    def node_lost(self, pod: PodRecord) -> str | None:
+        """Why the pod's node is taken for lost, or None: it was deleted, or it has not been Ready
+        for the whole grace. A shorter blip changes nothing (``watch_nodes``)."""
+        node, loss = pod.node_name, self.observed.node_loss
+        if node is None:
+            return None
+        if node in loss.deleted:
+            return "was deleted"
+        if node not in self.observed.unready_nodes:
+            return None
+        unready = (self.now - loss.unready_since.get(node, self.now)).total_seconds()
+        if unready < loss.grace_seconds:
+            return None
+        return f"has not been ready for {int(unready)}s (node-lost grace {int(loss.grace_seconds)}s)"
+
+    def watch_nodes(self) -> None:
+        """Force-delete terminating pods no kubelet can confirm any more (``may_force_delete``), and
+        come back when the grace of a not-ready node that holds an active pod of the job runs out."""
+        loss = self.observed.node_loss
+        for pod in self.observed.pods:
+            node = pod.node_name
+            if pod.deleting and self.may_force_delete(pod):
+                self.remove(pod)
+            if pod.active and node in self.observed.unready_nodes and node not in loss.deleted:
+                since = loss.unready_since.get(node, self.now)
+                remaining = (since + timedelta(seconds=loss.grace_seconds) - self.now).total_seconds()
+                if remaining > 0:
+                    self.requeue.append(remaining)
+
+    def may_force_delete(self, pod: PodRecord) -> bool:
+        """Whether no container of the pod can run any more, or the operator may act as if: its node
+        object is gone, or the node is lost and the operator was told to force (otherwise two agents
+        could train in one slot and both write checkpoints)."""
+        loss = self.observed.node_loss
+        return pod.node_name in loss.deleted or (loss.force_delete and self.node_lost(pod) is not None)
 
     def remove(self, pod: PodRecord) -> None:
-        """Delete a pod; force it when its node is gone, since the kubelet cannot confirm."""
-        if pod.deleting and self.node_ready(pod):
+        """Delete a pod; force it when it has finished or no kubelet can confirm (``may_force_delete``)."""
+        force = self.may_force_delete(pod)
+        if pod.deleting and not force:
             return
-        grace = 0 if (pod.finished or not self.node_ready(pod)) else None
+        grace = 0 if (pod.finished or force) else None
         self.delete.append(Deletion("Pod", pod.name, grace))
 
     def remove_active(self, *, keep_finished: bool = True) -> None:
@@ -184,18 +242,51 @@ class _Pass:
             )
             return False
         refusal = self.observed.refusals.get((kind, name))
+        if refusal is not None:
+            # The refusal stands until a creation succeeds, so status does not flap at each retry.
+            self.blocked.append((refusal.reason, f"creating {kind} {name}: {refusal.message}"))
+        if kind == "Pod":
+            return self.take_pod_budget()
         if refusal is None:
             return True
-        # The refusal stands until a creation succeeds, so status does not flap at each retry.
-        self.blocked.append((refusal.reason, f"creating {kind} {name}: {refusal.message}"))
         retry_at = refusal_retry_at(refusal)
         if retry_at > self.now and not refusal.retry_now:
             self.requeue.append((retry_at - self.now).total_seconds())
             return False
         return True
 
+    def take_pod_budget(self) -> bool:
+        """Whether one more pod may be created in this pass (slow start after refusals)."""
+        if not self.pod_budget_known:
+            self.pod_budget, self.pod_budget_known = self.first_pod_budget(), True
+        if self.pod_budget is None:
+            return True
+        if self.pod_budget <= 0:
+            return False
+        self.pod_budget -= 1
+        return True
+
+    def first_pod_budget(self) -> int | None:
+        """No limit while no pod of the job is refused. Else none until the pause after the job's
+        latest refusal has passed (a pod leaving the namespace shortens it to the first pause),
+        then ``retry_batch`` pods; a creation that passed since the latest refusal opens it at once."""
+        refused = [refusal for (kind, _), refusal in self.observed.refusals.items() if kind == "Pod"]
+        if not refused:
+            return None
+        batch = max(1, self.observed.retry_batch)
+        if batch > 1:
+            return batch
+        latest = max(refused, key=lambda refusal: (refusal.last, refusal.attempts))
+        retry_at = refusal_retry_at(latest)
+        if latest.retry_now:
+            retry_at = min(retry_at, latest.last + timedelta(seconds=REFUSAL_RETRY_SECONDS[0]))
+        if retry_at > self.now:
+            self.requeue.append((retry_at - self.now).total_seconds())
+            return 0
+        return batch
+
     def count(self, failure: Failure, *pods: PodRecord) -> None:
-        """Record one failure (once: the pods' UIDs go into status in the same write)."""
+        """Record one failure event (once: the UIDs of all its pods go into status in the same write)."""
         self.memory.by_reason[failure.reason] = self.memory.by_reason.get(failure.reason, 0) + 1
         if failure.counted:
             self.memory.restarts += 1
@@ -241,10 +332,24 @@ class _Pass:
             return None
         kind = child_kind(desired.COSCHEDULING_API, "PodGroup")
         record = self.observed.objects.get((kind, naming.pod_group_name(self.job.metadata.name)))
+        stamped = record.node_capacity if record is not None else None
         waiting = any(pod.unschedulable_message and not pod.deleting for pod in self.observed.workers())
-        if waiting and self.observed.node_capacity:
-            return self.observed.node_capacity
-        return record.node_capacity if record is not None else None
+        capacity_now = self.observed.node_capacity
+        if not waiting or not capacity_now:
+            return stamped
+        # "<fingerprint>@<time>": a new stamp at most every NODE_CAPACITY_STAMP_SECONDS per job
+        fingerprint, _, written = (stamped or "").partition("@")
+        if fingerprint == capacity_now:
+            return stamped
+        try:
+            last = parse_time(written)
+        except ValueError:
+            last = None
+        due = last + timedelta(seconds=NODE_CAPACITY_STAMP_SECONDS) if last is not None else self.now
+        if due > self.now:
+            self.requeue.append((due - self.now).total_seconds())
+            return stamped
+        return f"{capacity_now}@{format_time(self.now)}"
 
     def wind_down(self, completed: datetime) -> None:
         """After success the other workers are finishing too (and may still need the store for
@@ -294,9 +399,12 @@ class _Pass:
                 self.events.append(Event("Normal", "Suspended", "job suspended: all pods stopped"))
             return PhaseView("Suspended", "Suspended", "spec.suspend is true")
         if previous.phase == "Suspended":
-            # A resumed job starts a new rendezvous; suspension never costs budget.
+            # A resumed job starts a new rendezvous; suspension never costs budget, nor deadline:
+            # as batch/v1 resets startTime on resume, activeDeadlineSeconds counts from the next start.
             self.memory.attempt += 1
+            self.memory.start_time = None
             self.events.append(Event("Normal", "Resumed", f"job resumed as attempt {self.memory.attempt}"))
+        self.watch_nodes()
 
         attempt = self.memory.attempt
         workers = self.observed.workers()
@@ -341,13 +449,25 @@ class _Pass:
             return PhaseView("Restarting", "GangRestart", "waiting for the old rendezvous store to stop")
         if store_pod is None and self.may_create(store):
             self.apply.append(store)
+        # Workers only once the job's own store exists: a store it never had is not lost, and
+        # workers must not dial a name a predecessor's store still holds.
+        waiting_for_store = store_pod is None
+        if waiting_for_store:  # a spec whose workers cannot be planned fails before anything is created
+            desired.worker_pod(self.job, launch, index=0, attempt=attempt)
 
         not_before = parse_time(self.memory.restart_not_before)
         if not_before is not None and not_before > self.now:
             self.requeue.append((not_before - self.now).total_seconds())
             return PhaseView("Restarting", "Backoff", f"attempt {attempt} starts at {self.memory.restart_not_before}")
         if stale:
-            return PhaseView("Restarting", "GangRestart", f"waiting for {len(stale)} old worker(s) to stop")
+            message = f"waiting for {len(stale)} old worker(s) to stop"
+            stuck = next((pod for pod in stale if pod.node_name and self.node_lost(pod) is not None), None)
+            if stuck is not None:
+                message += (
+                    f"; {stuck.name} is on node {stuck.node_name}, which {self.node_lost(stuck)}: it stops when "
+                    "the node comes back or is deleted (its container may still run, so it is not force-deleted)"
+                )
+            return PhaseView("Restarting", "GangRestart", message)
         if group is not None and not self.observed.has(
             child_kind(group["apiVersion"], group["kind"]), group["metadata"]["name"]
         ):
@@ -356,7 +476,8 @@ class _Pass:
         resized = self.kueue_group_resized(current)
         if resized is not None:
             return self.gang_restart(current, [], store_lost=False, cause=resized)
-        self.scale(launch, current)
+        if not waiting_for_store:
+            self.scale(launch, current)
         return self.running_phase(launch, current, store_pod)
 
     def completed(self, current: list[PodRecord]) -> str | None:
@@ -368,7 +489,8 @@ class _Pass:
         Anything that reaches the store can write that key, so a record counts only when it names
         this job's UID and its current attempt.
         """
-        if any(pod.phase == "Succeeded" for pod in current):
+        # a worker stopped by a deletion or an eviction may exit 0 on SIGTERM: that is no success
+        if any(pod.phase == "Succeeded" and not pod.deleting and pod.disruption_reason is None for pod in current):
             return "training completed"
         done = self.observed.completion
         if done is None or done.job_uid != self.job.metadata.uid or done.attempt != self.memory.attempt:
@@ -381,7 +503,7 @@ class _Pass:
         failures = [
             (pod, failure)
             for pod in current
-            if not pod.deleting and (failure := classify(pod, node_ready=self.node_ready(pod))) is not None
+            if not pod.deleting and (failure := classify(pod, node_lost=self.node_lost(pod))) is not None
         ]
         fatal = [failure for _, failure in failures if failure.action == "fail"]
         if fatal:
@@ -393,17 +515,17 @@ class _Pass:
                 self.remove(pod)
         failures = [(pod, failure) for pod, failure in failures if not self.already_counted(pod)]
         store = self.observed.store()
-        store_gone = store is None or store.finished or store.deleting or not self.node_ready(store)
+        store_gone = store is None or store.finished or store.deleting or self.node_lost(store) is not None
         if store is not None and self.already_counted(store):
             # Declared lost, and the gang restarted for it (its node may be back by now): it goes,
             # and a new store comes before any worker of the new attempt.
             self.remove(store)
             store_gone = False
-        # A store whose creation was refused (quota: workers created in the same pass may have
-        # taken the last pods) never ran: it is created when the refusal allows, nothing was lost.
-        never_created = (
-            store is None and ("Pod", naming.rendezvous_name(self.job.metadata.name)) in self.observed.refusals
-        )
+        # A store this job never had is not lost: its creation was refused, or its name is still held
+        # by another owner's pod (a deleted predecessor's store, terminating). Workers wait for the
+        # store (run_with), but an older operator created both in one pass.
+        store_key = ("Pod", naming.rendezvous_name(self.job.metadata.name))
+        never_created = store is None and (store_key in self.observed.refusals or store_key in self.observed.foreign)
         store_lost = bool(current) and store_gone and not never_created
         # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing;
         # a kubelet marks them Failed before they go, so "finished" does not tell them apart from
@@ -426,8 +548,9 @@ class _Pass:
             return self.gang_restart(current, failures, store_lost=store_lost)
         if not failures:
             return None  # enough survivors: the deleted workers' slots are refilled once they are gone
+        event = failure_event(failures)
+        self.count(event, *(pod for pod, _ in failures))
         for pod, failure in failures:
-            self.count(failure, pod)
             self.remove(pod)
             self.events.append(
                 Event(
@@ -441,7 +564,7 @@ class _Pass:
                 "Failed",
                 "RestartBudgetExhausted",
                 f"{self.memory.restarts} counted failures exceed failurePolicy.maxRestarts "
-                f"({self.spec.failure_policy.max_restarts}); last: {failures[-1][1].message}",
+                f"({self.spec.failure_policy.max_restarts}); last: {event.message}",
             )
         return None
 
@@ -501,8 +624,7 @@ class _Pass:
         if cause is not None:
             failure = cause
         elif failures:
-            counted = [failure for _, failure in failures if failure.counted]
-            failure = counted[0] if counted else failures[0][1]
+            failure = failure_event(failures)
         elif store_lost:
             failure = Failure(
                 "RendezvousStoreLost", counted=False, action="replace", message="the rendezvous store pod was lost"
@@ -523,6 +645,10 @@ class _Pass:
             )
         lost = [pod for pod, _ in failures] + ([store] if store_lost and store is not None else [])
         self.count(failure, *lost)
+        if (workload := self.observed.workload) is not None and workload.evicted:
+            # Kueue took the quota back: in batch/v1 terms the job was suspended, so the
+            # activeDeadlineSeconds clock starts again when the re-admitted gang trains.
+            self.memory.start_time = None
         if self.budget_exhausted():
             return self.finish(
                 "Failed",
