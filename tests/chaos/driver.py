@@ -351,7 +351,6 @@ class ChaosRun:
         self.faults_due = False  # a planned fault's moment has come and it was not injected yet
         self.kill_armed = False
         self.pod_uids: set[str] = set()
-        self.killed = threading.Event()
         self.lock = threading.Lock()
         self.statuses: dict[str, dict[str, Any]] = {}  # job name -> its status as last seen
         self.cluster: LocalCluster | None = None
@@ -359,8 +358,9 @@ class ChaosRun:
         self.replicas: list[Replica] = []
         self.holder: tuple[str, str] | None = None  # the process that last took the Lease, and as whom
         self.sent: list[Sent] = []  # every mutating request of every replica (appended by the proxies' threads)
-        self.force_deleted: list[tuple[str, Request]] = []  # (process, request): pods deleted with grace 0
-        self.frozen: dict[str, float] = {}  # replica -> when it is resumed
+        # pods deleted with grace 0: who, how, the pod as deleted, the fault on its node then
+        self.force_deleted: list[tuple[str, Request, dict[str, Any], str]] = []
+        self.frozen: dict[str, tuple[float, str]] = {}  # replica -> when it may resume, its frozen process
         self.slowed: dict[str, float] = {}  # replica -> when its latency ends
         self.broken_nodes: dict[str, float] = {}  # nodes NotReady past the grace, and when each heals
         self.broken_pods: dict[str, set[str]] = {}  # node -> uids of the pods that ran there when it broke
@@ -476,7 +476,7 @@ class ChaosRun:
 
     # -- what each replica sent --------------------------------------------------------------------
 
-    def _sent(self, replica: Replica, request: Request, status: int) -> None:
+    def _sent(self, replica: Replica, request: Request, status: int, answer: bytes) -> None:
         """A proxy's observer (in its thread): file each mutating request, follow the Lease."""
         if not request.mutating:
             return
@@ -492,11 +492,14 @@ class ChaosRun:
         self.sent.append(
             Sent(process, request.received, request.method, request.resource, request.name, status, holder)
         )
-        if request.method == "DELETE" and request.resource == "pods":
+        if request.method == "DELETE" and request.resource == "pods" and 200 <= status < 300:
             options = request.json() or {}
             grace = options.get("gracePeriodSeconds", request.query.get("gracePeriodSeconds"))
             if grace is not None and int(grace) == 0:
-                self.force_deleted.append((process, request))
+                with contextlib.suppress(ValueError):  # the answer is the pod as it was deleted
+                    pod = json.loads(answer)
+                    fault = self._node_fault((pod.get("spec") or {}).get("nodeName"))  # at that moment
+                    self.force_deleted.append((process, request, pod, fault))
 
     def _check_writers(self) -> None:
         takeovers, violations = single_writer(self.sent, self.started)
@@ -506,19 +509,18 @@ class ChaosRun:
             self.violate(f"two writers: {violation}")
 
     def _check_force_deletes(self) -> None:
-        """A pod deleted with grace 0 whose container may still run: its node exists (nodes are
-        never deleted here) and it was not seen terminal."""
+        """A pod deleted with grace 0 whose container may still run: placed on a node that exists
+        (nodes are never deleted here), not terminal as the API server answered the delete."""
         while self.force_deleted:
-            process, request = self.force_deleted.pop(0)
+            process, request, pod, fault = self.force_deleted.pop(0)
             self.report.force_deletes += 1
-            pod = self.pods_seen.get(request.name or "")
-            phase = (pod or {}).get("status", {}).get("phase")
-            if phase in ("Succeeded", "Failed"):
+            phase = (pod.get("status") or {}).get("phase")
+            node = (pod.get("spec") or {}).get("nodeName")
+            if phase in ("Succeeded", "Failed") or not node:
                 continue
-            node = (pod or {}).get("spec", {}).get("nodeName")
             self.violate(
                 f"{process} force-deleted pod {request.name} (phase {phase}) on node {node}, which exists "
-                f"({self._node_fault(node)}) at {request.received - self.started:.1f}s"
+                f"({fault}) at {request.received - self.started:.1f}s"
             )
 
     def _node_fault(self, node: str | None) -> str:
@@ -526,7 +528,8 @@ class ChaosRun:
             return f"NotReady for {LONG_NOT_READY:.0f}s, past the {NODE_LOST_GRACE}s grace"
         if node in self.flapping:
             return "in a Ready flap of seconds"
-        if self.browned is not None and node in self.browned[0]:
+        browned = self.browned  # read once: the proxies' threads ask too
+        if browned is not None and node in browned[0]:
             return "Unknown in a brownout of seconds"
         return "no fault on it"
 
@@ -608,7 +611,6 @@ class ChaosRun:
         # One armed kill at a time: a second would fire on the same write and kill once.
         if not self.kill_armed and self.rng.random() < self.config.precise_kill_share:
             self.kill_armed = True
-            self.killed.clear()
             for replica in self.replicas:
                 replica.proxy.after(lambda r: r.status_write, functools.partial(self._kill_from_proxy, replica))
             self.say("armed: SIGKILL right after the leader's next status write")
@@ -640,7 +642,7 @@ class ChaosRun:
         if replica.process.kill(wait=False):
             self.report.precise_kills += 1
             self.report.leader_kills += 1
-            self.killed.set()
+            self.say(f"SIGKILL of {replica.current} right after its status write")
 
     def _force_relist(self) -> None:
         # Only live replicas with watches open can be forced to relist: no kill in flight, none frozen.
@@ -667,9 +669,9 @@ class ChaosRun:
         if leader is None or len(self._alive()) < 2:
             return False
         leader.process.pause()
-        self.frozen[leader.name] = time.monotonic() + FREEZE_SECONDS
+        self.frozen[leader.name] = (time.monotonic() + FREEZE_SECONDS, leader.current)
         self.report.freezes += 1
-        self.say(f"SIGSTOP of the leader {leader.current} for {FREEZE_SECONDS:.0f}s")
+        self.say(f"SIGSTOP of the leader {leader.current}, for {FREEZE_SECONDS:.0f}s and until another takes the Lease")
         return True
 
     def _thaw(self, name: str) -> None:
@@ -729,9 +731,6 @@ class ChaosRun:
                     self.violate(
                         f"{replica.current} exited by itself ({process.exited_on_its_own[-1]}): {process.log_tail(5)}"
                     )
-            if self.killed.is_set():
-                self.say(f"SIGKILL of {replica.current} right after its status write")
-                self.killed.clear()
             self.frozen.pop(replica.name, None)
             self.slowed.pop(replica.name, None)
             replica.proxy.set_latency(None)
@@ -1082,7 +1081,7 @@ class ChaosRun:
             ending = sum(1 for job in self.jobs if not job.done and job.wait is not None and job.wait.gone)
             while self.pending and sum(1 for job in self.jobs if not job.done) - ending < self.config.concurrent:
                 self._create(self.pending.pop(0))
-            self._check_force_deletes()  # on each pod's state as last seen, before it is gone
+            self._check_force_deletes()
             jobs, pods = self._observe()
             self._check_holds(jobs, pods)
             self._end_acts(pods)
@@ -1107,8 +1106,10 @@ class ChaosRun:
                 self._heal(node)
         if self.browned is not None and now > self.browned[1]:
             self._end_brownout()
-        for name, thaw_at in list(self.frozen.items()):
-            if now > thaw_at:
+        for name, (thaw_at, process) in list(self.frozen.items()):
+            # resumed once another took the Lease (the point of the freeze), or after waiting long for it
+            taken = self.holder is None or self.holder[0] != process
+            if now > thaw_at and (taken or now > thaw_at + 3 * LEASE_SECONDS[0]):
                 self._thaw(name)
         for name, until in list(self.slowed.items()):
             if now > until:
@@ -1166,7 +1167,7 @@ class ChaosRun:
         self.statuses = {name: body.get("status") or {} for name, body in jobs.items()}
         self.pods_seen.update((p["metadata"]["name"], p) for p in pods)
         for name in set(self.pods_seen) - {p["metadata"]["name"] for p in pods}:
-            del self.pods_seen[name]  # gone (a force delete of it is judged by its last state below)
+            del self.pods_seen[name]
         self._check_pods(jobs, pods)
         self._sync_readiness(pods)
         return jobs, pods

@@ -8,7 +8,7 @@ networks and API servers break, at chosen moments.
     proxy.after(lambda r: r.status_write, kill_operator) # after the server applied it, before the reply
     proxy.delay(lambda r: r.verb == "list", 2.0)       # hold matching requests back before forwarding
     proxy.set_latency(0.2, 1.5)                         # hold every request back 0.2-1.5 s (None: off)
-    proxy.observe(lambda r, status: ...)                # every request with the server's answer (0: none)
+    proxy.observe(lambda r, status, body: ...)          # every request with the server's answer (0: none)
     proxy.requests                                      # Counter of (verb, resource)
     proxy.stop()
 
@@ -98,7 +98,7 @@ class Request:
 
 
 Predicate = Callable[[Request], bool]
-Observer = Callable[[Request, int], None]
+Observer = Callable[[Request, int, bytes], None]
 
 
 class FaultProxy:
@@ -178,9 +178,9 @@ class FaultProxy:
             self._latency = None if low is None else (low, low if high is None else high)
 
     def observe(self, observer: Observer) -> None:
-        """Call ``observer(request, status)`` (in the proxy's thread) for every request once the API
-        server answered it (a watch: once its stream began), or with status 0 when it could not be
-        reached. The request's ``received`` says when the client sent it."""
+        """Call ``observer(request, status, body)`` (in the proxy's thread) for every request once the
+        API server answered it (a watch: once its stream began, with no body), or with status 0 and
+        no body when it could not be reached. The request's ``received`` says when the client sent it."""
         with self._lock:
             self._observers.append(observer)
 
@@ -257,11 +257,11 @@ class FaultProxy:
             rules[:] = [rule for rule in rules if rule[-1][0] > 0]
         return taken
 
-    def _observed(self, request: Request, status: int) -> None:
+    def _observed(self, request: Request, status: int, body: bytes = b"") -> None:
         with self._lock:
             observers = list(self._observers)
         for observer in observers:
-            observer(request, status)
+            observer(request, status, body)
 
     async def _forward(self, incoming: web.Request) -> web.StreamResponse:
         assert self._session is not None
@@ -296,7 +296,7 @@ class FaultProxy:
             return web.Response(status=503, text=f"fault proxy: {error}")
         finally:
             upstream.release()
-        self._observed(request, upstream.status)
+        self._observed(request, upstream.status, payload)
         if 200 <= upstream.status < 300:
             for _, callback, _ in self._take(self._after, request):
                 callback(request)
