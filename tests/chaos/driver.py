@@ -1338,6 +1338,7 @@ class ChaosRun:
 
     def _take_step(self, job: Job, body: dict[str, Any], workers: list[dict[str, Any]]) -> None:
         assert self.api is not None and self.cluster is not None
+        job.settled = False  # moving: no fault may take it for a job at rest this round
         now = time.monotonic()
         status = body.get("status") or {}
         desired = body["spec"]["workers"]["desired"]
