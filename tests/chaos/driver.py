@@ -706,6 +706,8 @@ class ChaosRun:
         for replica in self.replicas:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
+                if not replica.process.alive():
+                    break  # stopped meanwhile (it lost the Lease): started again, and waited for, later
                 with contextlib.suppress(OSError):
                     if metric(replica.process.metrics(), "phalanx_watch_synced", resource="pods.v1") == 1.0:
                         break
@@ -864,9 +866,13 @@ class ChaosRun:
     # -- jobs held still through a fault ---------------------------------------------------------
 
     def _hold_jobs_on(self, nodes: set[str], why: str, seconds: float = 0.0, *, dry_run: bool = False) -> int:
-        """Hold every settled job with a pod on ``nodes`` (and none on a node past the grace)."""
+        """Hold every settled job with a pod on ``nodes`` (and none on a node past the grace); a job
+        held already is held longer, and its verdict names this fault too."""
         held = 0
         for job in self.jobs:
+            if job.hold is not None and not dry_run and set(job.hold.pods.values()) & nodes:
+                job.hold.why += f", and then {why}"
+                job.hold.until = max(job.hold.until, time.monotonic() + seconds + HOLD_SETTLE)
             if job.done or not job.settled or job.hold is not None:
                 continue
             pods = self._live_pods_of(job)
