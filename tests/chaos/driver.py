@@ -816,6 +816,7 @@ class ChaosRun:
             "lastHeartbeatTime": now,
             "lastTransitionTime": now,
         }
+        self.browned = (nodes, time.monotonic() + BROWNOUT_SECONDS)
         for node in nodes:
             self.cluster.set_node_lost(node)  # KWOK stops its heartbeats and Lease
         for node in nodes:
@@ -826,7 +827,6 @@ class ChaosRun:
                     {"status": {"conditions": [unknown]}},
                     content_type="application/strategic-merge-patch+json",
                 )
-        self.browned = (nodes, time.monotonic() + BROWNOUT_SECONDS)
         self.report.brownouts += 1
         self.report.brownout_nodes += len(nodes)
         held = self._hold_jobs_on(
