@@ -480,7 +480,7 @@ class ChaosRun:
         """A proxy's observer (in its thread): file each mutating request, follow the Lease."""
         if not request.mutating:
             return
-        process = replica.run_at(request.received)
+        process = replica.run_at(request.connection_since)  # a dead run's last requests arrive late
         holder = None
         if request.resource == "leases":
             body = request.json() or {}

@@ -3,7 +3,8 @@ its own, so that what each sent is known by sender (``tests/chaos/audit.py``).
 
     replica = Replica("a", proxy, OperatorProcess(...))
     with replica:                    # started; stopped by its PID at the end
-        replica.run_at(t)            # "a#2": which of its processes ran at monotonic time t
+        replica.run_at(t)            # "a#2": which of its processes ran at monotonic time t (a
+                                     # request's connection_since: when its connection was first used)
         replica.memory()             # (VmRSS, VmHWM) in MiB of the live process, None if none
         replica.restart()            # after a kill or an exit, as a Deployment would
 """
@@ -32,8 +33,8 @@ class Replica:
         self._starts.append(time.monotonic())
 
     def run_at(self, moment: float) -> str:
-        """The run that sent a request received at ``moment``: a run's requests all come after it
-        began and before the next began (the next starts only once this one was reaped)."""
+        """The run that opened a connection first used at ``moment``: a run's connections all open
+        after it began and before the next began (the next starts only once this one was reaped)."""
         return f"{self.name}#{max(1, bisect.bisect_right(self._starts, moment))}"
 
     @property

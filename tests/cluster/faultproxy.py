@@ -26,6 +26,7 @@ import random
 import ssl
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ class Request:
     query: dict[str, str]
     body: bytes = b""
     received: float = 0.0  # time.monotonic() when the proxy got it
+    # when the proxy got the first request of the client's connection: a request that reached the
+    # proxy after its sender died (it was on its way) is known by its connection's age
+    connection_since: float = 0.0
 
     @property
     def watch(self) -> bool:
@@ -121,6 +125,7 @@ class FaultProxy:
         self._delay: list[tuple[Predicate, float, list[int]]] = []
         self._latency: tuple[float, float] | None = None
         self._observers: list[Observer] = []
+        self._connections: weakref.WeakKeyDictionary[asyncio.BaseTransport, float] = weakref.WeakKeyDictionary()
         self._random = random.Random()
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -266,8 +271,9 @@ class FaultProxy:
     async def _forward(self, incoming: web.Request) -> web.StreamResponse:
         assert self._session is not None
         received = time.monotonic()
+        since = received if incoming.transport is None else self._connections.setdefault(incoming.transport, received)
         body = await incoming.read()
-        request = Request(incoming.method, incoming.path, dict(incoming.query), body, received)
+        request = Request(incoming.method, incoming.path, dict(incoming.query), body, received, since)
         with self._lock:
             self.requests[(request.verb, request.resource)] += 1
             latency = self._latency
