@@ -1,12 +1,14 @@
-"""The chaos tier's long run: at least 200 operator kills over at least 50 TrainingJobs.
+"""The chaos tier's long run: at least 200 operator kills across two replicas over at least 50
+TrainingJobs.
 
     python -m tests.benchmarks.bench_chaos [--jobs 60] [--kills 260] [--seed 1]
 
-Starts its own control plane with KWOK nodes, runs the operator (under the Helm chart's RBAC,
-through the fault proxy) and drives jobs through whole lifecycles while it injects faults
-(tests/chaos/driver.py says which, and which invariants it checks). Progress goes to stderr; the
-figures, the violations and the commit are printed as one JSON object. Exit status 1 when any
-invariant was violated.
+Starts its own control plane with KWOK nodes, runs two operator replicas electing a leader (under
+the Helm chart's RBAC, each through a fault proxy of its own) and drives jobs through whole
+lifecycles while it injects faults: kills, freezes and slow connections of the leader, API server
+crashes, forced relists, node faults, flaps and brownouts, hostile tenants (tests/chaos/driver.py
+says which, and which invariants it checks). Progress goes to stderr; the figures, the violations
+and the commit are printed as one JSON object. Exit status 1 when any invariant was violated.
 """
 
 from __future__ import annotations
@@ -31,7 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apiserver-restarts", type=int, default=3)
     parser.add_argument("--forced-relists", type=int, default=3)
     parser.add_argument("--watch-cuts", type=int, default=20)
-    parser.add_argument("--node-faults", type=int, default=4)
+    parser.add_argument("--node-faults", type=int, default=4, help="nodes NotReady past the node-lost grace")
+    parser.add_argument("--replicas", type=int, default=2, help="operator replicas electing a leader (default 2)")
+    parser.add_argument("--freezes", type=int, default=8, help="leader SIGSTOPs past its Lease (default 8)")
+    parser.add_argument("--latency-faults", type=int, default=6)
+    parser.add_argument("--flaps", type=int, default=12, help="node Ready flaps of seconds (default 12)")
+    parser.add_argument("--brownouts", type=int, default=4, help="half the nodes Unknown at once (default 4)")
+    parser.add_argument("--hostile-acts", type=int, default=12, help="hostile tenants' acts, kinds in turn")
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -43,6 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         forced_relists=args.forced_relists,
         watch_cuts=args.watch_cuts,
         node_faults=args.node_faults,
+        replicas=args.replicas,
+        freezes=args.freezes,
+        latency_faults=args.latency_faults,
+        flaps=args.flaps,
+        brownouts=args.brownouts,
+        hostile_acts=args.hostile_acts,
         nodes=args.nodes,
         seed=args.seed,
         time_limit=7200.0,
@@ -52,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     with stop_on_signals():
         report = ChaosRun(config, scratch).run()
     if report.violations:  # the operator's log stays for the post-mortem
-        print(f"kept {scratch} (operator.log, cluster logs)", file=sys.stderr)
+        print(f"kept {scratch} (operator-a.log, operator-b.log, cluster logs)", file=sys.stderr)
     else:
         shutil.rmtree(scratch, ignore_errors=True)
     print(summary_line(report), file=sys.stderr)

@@ -1,5 +1,6 @@
 """The chaos scenario driver: many TrainingJobs through whole lifecycles while the operator, the API
-server and the network fail at random moments, with invariants checked against the API server.
+server, the nodes, the network and the tenants fail or misbehave at random moments, with invariants
+checked against the API server.
 
     run = ChaosRun(ChaosConfig(jobs=8, concurrent=6, kills=20, seed=1), workdir)
     report = run.run()          # starts its own control plane + KWOK nodes, stops everything after
@@ -11,11 +12,24 @@ and ends (success, or a restart budget that the story exhausts on purpose), afte
 deletes it. A step is taken only when the job is stable (Running with every desired worker ready,
 as the API server shows it), so the driver knows what each job must count.
 
-Faults, spread over the run: SIGKILL of the operator at random moments and, through the fault
-proxy, right after one of its status writes (before it deletes or creates anything); cut watch
-streams; kube-apiserver crashes (SIGKILL and start again); etcd compaction followed by such a
-crash, which leaves every watch of the operator too old (410 Gone) and forces relists; a KWOK node
-turning NotReady for a while. A killed operator is started again at once, as a Deployment would.
+The operator runs as two replicas (``ChaosConfig.replicas``) electing a leader by a Lease, as the
+chart deploys it, cluster-wide under the chart's RBAC; each replica talks to the API server
+through a fault proxy of its own, which records what it sent (``tests/chaos/audit.py``). Pods get
+loopback addresses (``hostile.POD_CIDR``), so the operator's progress scrapes reach whatever this
+process serves at a pod's address.
+
+Faults, spread over the run: SIGKILL of the leader (a share of the kills hit the standby) at
+random moments and, through the fault proxy, right after one of its status writes (before it
+deletes or creates anything); the leader frozen (SIGSTOP) past its Lease's duration, then resumed
+(SIGCONT); latency on the leader's API connection; cut watch streams; kube-apiserver crashes
+(SIGKILL and start again); etcd compaction followed by such a crash, which leaves every watch too
+old (410 Gone) and forces relists; a KWOK node NotReady for longer than the operator's node-lost
+grace (``NODE_LOST_GRACE``); node Ready flaps (NotReady for a few seconds, far shorter than that
+grace); a control-plane brownout (half the nodes stop heartbeating and turn Unknown for a few
+seconds at once); hostile tenants (``HOSTILE_KINDS``): a worker serving a gzip bomb, one serving a
+100 MiB page, a store serving a completion record that names another job, an impostor pod in
+another namespace with a victim's worker's name, labels and owner. A killed replica is started
+again at once, as a Deployment would; so is one that stopped because it lost the Lease.
 
 Invariants, after every round and at the end:
 - never two live pods for one worker slot of one job;
@@ -23,12 +37,23 @@ Invariants, after every round and at the end:
 - a job's ``status.restarts`` equals the counted failures injected into it (never more, at any
   time; exactly, whenever the job is stable and at its end);
 - no job ends Failed unless its story exhausted its budget; every job reaches its story's end;
-- the operator never exits by itself.
+- a replica never exits by itself, except when it lost the Lease;
+- at no moment do two replicas write: every mutating request a replica sends (its Lease
+  renewals aside) comes from the last replica that took the Lease (``audit.single_writer``);
+- a job held still while a flap, a brownout or a hostile act lasts (stable jobs on the nodes
+  concerned, the victim of a hostile act) keeps its attempt, its restarts and its pods, and does
+  not end;
+- no pod whose container may run (not terminal, on a node that exists: nodes are never deleted
+  here) is deleted with ``gracePeriodSeconds: 0``; every pod that ran on a node NotReady for
+  longer than the node-lost grace was replaced by the time the node recovers;
+- each replica's resident memory (VmRSS each round, VmHWM) stays under the chart's limit
+  (``RSS_LIMIT_MIB``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import pathlib
 import random
@@ -44,22 +69,28 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
 
 from phalanx.reconcile import naming
+from tests.chaos import hostile
+from tests.chaos.audit import Sent, single_writer
+from tests.chaos.replicas import Replica
 from tests.cluster.crds import cluster_crds
 from tests.cluster.faultproxy import FaultProxy, Request
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
-from tests.integration.chart_identity import chart_identity
+from tests.integration.chart_identity import chart_identity, render
 from tests.integration.operator_process import OperatorProcess
 from tests.integration.scenario import metric
 from tests.unit.jobs import manifest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAMESPACE = "chaos"
+TENANT_NAMESPACE = "chaos-tenant"  # where the impostor pod lives
+RELEASE = "chaos"  # the chart's release: its Role allows the Lease "<release>-phalanx"
 POOL_LABEL = "phalanx.dev/test-pool"
 POOL = "chaos"
 ORPHAN_GRACE = 60.0
@@ -68,6 +99,21 @@ TTL_SECONDS = 45  # longer than any pause of the driver, which must see each job
 READINESS_SYNC_SECONDS = 5.0
 COUNTED = ("fail", "oom")
 MIDDLE_STEPS = ("fail", "oom", "evict", "delete", "scale", "suspend", "gang")
+LEASE_SECONDS = (8, 4, 1)  # duration, renew deadline, retry: a standby takes over within ~10 s
+FREEZE_SECONDS = LEASE_SECONDS[0] + 4.0  # past the Lease: the standby has taken it when the leader wakes
+LATENCY = (0.2, 1.5)  # seconds each request of the slowed replica is held back
+LATENCY_SECONDS = 20.0
+NODE_LOST_GRACE = 30  # PHALANX_NODE_LOST_GRACE_SECONDS: how long a node may be not Ready before its pods count as lost
+LONG_NOT_READY = NODE_LOST_GRACE + 20.0  # the node fault: acted on, by the time the node recovers
+FLAP_SECONDS = (2.0, 5.0)  # a node Ready flap: far shorter than the grace
+BROWNOUT_SECONDS = 6.0
+HOLD_SETTLE = 10.0  # a held job stays watched this long after its fault ended
+PROGRESS_INTERVAL = 5  # PHALANX_PROGRESS_INTERVAL_SECONDS: the operator scrapes workers and stores
+HOSTILE_SECONDS = 4.0 * PROGRESS_INTERVAL  # a hostile page is served this long (a few scrapes)
+HOSTILE_KINDS = ("bomb", "big-page", "foreign-completion", "impostor")
+METRICS_PORT = 9400  # the workers' and the store's (phalanx.reconcile.environment.WORKER_METRICS_PORT)
+RSS_LIMIT_MIB = 512  # the chart's memory limit (charts/phalanx/values.yaml resources.limits.memory)
+FAULT_PATIENCE = 30.0  # a fault that needs a moment (a leader, a stable job) waits this long for one
 TRAINER: dict[str, Any] = {
     "name": "trainer",
     "image": "example/train:1",
@@ -83,10 +129,17 @@ class ChaosConfig:
     concurrent: int = 6
     kills: int = 20
     precise_kill_share: float = 0.5
+    standby_kill_share: float = 0.25  # of the kills at random moments, those of the standby
     apiserver_restarts: int = 1
     forced_relists: int = 1
     watch_cuts: int = 4
     node_faults: int = 1
+    replicas: int = 2
+    freezes: int = 1
+    latency_faults: int = 1
+    flaps: int = 2
+    brownouts: int = 1
+    hostile_acts: int = 4  # taken in turn from HOSTILE_KINDS
     steps_per_job: tuple[int, int] = (3, 6)
     nodes: int = 8
     seed: int = 1
@@ -123,6 +176,19 @@ class Wait:
 
 
 @dataclass
+class Hold:
+    """A job kept from its next step while a fault that must not touch it lasts; ``judged``: what
+    it had when the hold began must not change (else it is only kept still, as an attacker is)."""
+
+    why: str
+    until: float
+    attempt: int
+    restarts: int
+    pods: dict[str, str]  # uid -> node of its live pods when the hold began
+    judged: bool = True
+
+
+@dataclass
 class Job:
     name: str
     story: Story
@@ -134,6 +200,18 @@ class Job:
     last_phase: str | None = None
     last_reason: str | None = None
     ended: str | None = None
+    settled: bool = False  # last round: stable, every count in, ready for its next step
+    hold: Hold | None = None
+
+
+@dataclass
+class Act:
+    """A hostile tenant's act: pages served at pods' addresses, an impostor pod, until ``until``."""
+
+    kind: str
+    until: float
+    pages: dict[str, hostile.HostilePage] = field(default_factory=dict)  # pod uid -> page at its address
+    impostor: str | None = None
 
 
 @dataclass
@@ -148,13 +226,28 @@ class Report:
     pods_seen: int = 0
     steps: Counter[str] = field(default_factory=Counter)
     operator_kills: int = 0
+    leader_kills: int = 0
+    standby_kills: int = 0
     precise_kills: int = 0
     operator_starts: int = 0
+    leader_changes: int = 0
+    lease_losses: int = 0
+    freezes: int = 0
+    latency_faults: int = 0
     apiserver_restarts: int = 0
     forced_relists: int = 0
     relists_seen: int = 0
     watch_cuts: int = 0
     node_faults: int = 0
+    flaps: int = 0
+    brownouts: int = 0
+    brownout_nodes: int = 0
+    jobs_held: int = 0
+    hostile_acts: Counter[str] = field(default_factory=Counter)
+    hostile_pages_served: int = 0
+    writes_audited: int = 0
+    force_deletes: int = 0
+    peak_rss_mib: float = 0.0
     counted_failures: int = 0
     violations: list[str] = field(default_factory=list)
 
@@ -169,13 +262,29 @@ class Report:
             "steps": dict(sorted(self.steps.items())),
             "counted_failures_injected": self.counted_failures,
             "operator_kills": self.operator_kills,
+            "operator_kills_of_the_leader": self.leader_kills,
+            "operator_kills_of_the_standby": self.standby_kills,
             "operator_kills_right_after_a_status_write": self.precise_kills,
             "operator_starts": self.operator_starts,
+            "leader_changes": self.leader_changes,
+            "replicas_stopped_after_losing_the_lease": self.lease_losses,
+            "leader_freezes": self.freezes,
+            "leader_latency_faults": self.latency_faults,
+            "writes_audited": self.writes_audited,
             "apiserver_restarts": self.apiserver_restarts,
             "forced_relists": self.forced_relists,
             "relists_seen_by_the_operator": self.relists_seen,
             "watch_cuts": self.watch_cuts,
             "node_faults": self.node_faults,
+            "node_flaps": self.flaps,
+            "brownouts": self.brownouts,
+            "brownout_nodes": self.brownout_nodes,
+            "jobs_held_through_a_fault": self.jobs_held,
+            "hostile_acts": dict(sorted(self.hostile_acts.items())),
+            "hostile_pages_served": self.hostile_pages_served,
+            "pods_force_deleted": self.force_deletes,
+            "peak_rss_mib": round(self.peak_rss_mib, 1),
+            "rss_limit_mib": RSS_LIMIT_MIB,
             "violations": self.violations,
         }
 
@@ -242,13 +351,26 @@ class ChaosRun:
         self.faults_due = False  # a planned fault's moment has come and it was not injected yet
         self.kill_armed = False
         self.pod_uids: set[str] = set()
-        self.killed = threading.Event()
+        self.lock = threading.Lock()
+        self.statuses: dict[str, dict[str, Any]] = {}  # job name -> its status as last seen
         self.cluster: LocalCluster | None = None
         self.api: Api | None = None
-        self.operator: OperatorProcess | None = None
-        self.proxy: FaultProxy | None = None
-        self.broken_nodes: dict[str, float] = {}  # nodes made NotReady, and when each heals
+        self.replicas: list[Replica] = []
+        self.holder: tuple[str, str] | None = None  # the process that last took the Lease, and as whom
+        self.sent: list[Sent] = []  # every mutating request of every replica (appended by the proxies' threads)
+        # pods deleted with grace 0: who, how, the pod as deleted, the fault on its node then
+        self.force_deleted: list[tuple[str, Request, dict[str, Any], str]] = []
+        self.frozen: dict[str, tuple[float, str]] = {}  # replica -> when it may resume, its frozen process
+        self.slowed: dict[str, float] = {}  # replica -> when its latency ends
+        self.broken_nodes: dict[str, float] = {}  # nodes NotReady past the grace, and when each heals
+        self.broken_pods: dict[str, set[str]] = {}  # node -> uids of the pods that ran there when it broke
+        self.flapping: dict[str, float] = {}  # nodes in a short NotReady flap, and when each heals
+        self.browned: tuple[list[str], float] | None = None  # nodes Unknown in a brownout, when they return
+        self.acts: list[Act] = []
+        self.memory_reported: set[str] = set()
+        self.pods_seen: dict[str, dict[str, Any]] = {}  # pod name -> the pod as last seen
         self.nodes: list[str] = []
+        self.waiting_since: float | None = None  # the head of the plan waits for its moment since
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -257,7 +379,11 @@ class ChaosRun:
 
     def run(self) -> Report:
         self.started = time.monotonic()
-        cluster = LocalCluster(self.workdir / "cluster", kwok=True)
+        # Kubernetes' own eviction delays (300 s), so that what happens to pods on a node that is
+        # not Ready is the operator's doing.
+        cluster = LocalCluster(
+            self.workdir / "cluster", kwok=True, not_ready_toleration_seconds=300, unreachable_toleration_seconds=300
+        )
         self.cluster = cluster
         cluster.start()
         try:
@@ -265,44 +391,161 @@ class ChaosRun:
             self.api = Api(cluster)
             self._install(kubectl, cluster)
             with (
-                FaultProxy(cluster.server, cluster.server_ca) as proxy,
-                chart_identity(kubectl, cluster.kubeconfig, NAMESPACE, "chaos", self.workdir) as identity,
+                chart_identity(kubectl, cluster.kubeconfig, NAMESPACE, RELEASE, self.workdir) as identity,
+                contextlib.ExitStack() as stack,
             ):
-                self.proxy = proxy
-                via = proxy.kubeconfig(identity, self.workdir / "via-proxy.kubeconfig")
-                operator = OperatorProcess(
-                    via,
-                    self.workdir / "operator.log",
-                    namespace=NAMESPACE,
-                    extra_env={"PHALANX_PROGRESS_INTERVAL_SECONDS": "0"},
-                )
-                self.operator = operator
-                with operator:
-                    self._drive()
-                    self._final_checks()
-                self.report.operator_starts = operator.starts
-                self.report.operator_kills = operator.kills
+                self._grant_cluster_scope(kubectl, identity)
+                for name in "abcdefgh"[: self.config.replicas]:
+                    proxy = stack.enter_context(FaultProxy(cluster.server, cluster.server_ca))
+                    via = proxy.kubeconfig(identity, self.workdir / f"via-proxy-{name}.kubeconfig")
+                    process = OperatorProcess(via, self.workdir / f"operator-{name}.log", extra_env=self._env(name))
+                    replica = Replica(name, proxy, process)
+                    proxy.observe(functools.partial(self._sent, replica))
+                    self.replicas.append(replica)
+                for replica in self.replicas:
+                    stack.enter_context(replica)
+                self._drive()
+                self._final_checks()
+                self._sample_memory()
                 self.report.relists_seen = self.relists()
-                if operator.exited_on_its_own:
-                    self.violate(f"the operator exited by itself: {operator.exited_on_its_own}")
+            for replica in self.replicas:
+                self.report.operator_starts += replica.process.starts
+                self.report.operator_kills += replica.process.kills
+            self._check_writers()
         finally:
+            for act in list(self.acts):
+                self._end_act(act)
             cluster.stop()
         self.report.seconds = time.monotonic() - self.started
         self.report.pods_seen = len(self.pod_uids)
         return self.report
+
+    def _env(self, replica: str) -> dict[str, str]:
+        env = {
+            "PHALANX_PROGRESS_INTERVAL_SECONDS": str(PROGRESS_INTERVAL),
+            "PHALANX_NODE_LOST_GRACE_SECONDS": str(NODE_LOST_GRACE),
+        }
+        if self.config.replicas > 1:
+            duration, deadline, retry = LEASE_SECONDS
+            env |= {
+                "PHALANX_LEADER_ELECTION": "1",
+                "PHALANX_LEASE_NAMESPACE": NAMESPACE,
+                "PHALANX_LEASE_NAME": f"{RELEASE}-phalanx",
+                "PHALANX_LEADER_IDENTITY": replica,  # the chart's: its pod's name, kept across restarts
+                "PHALANX_LEASE_DURATION_SECONDS": str(duration),
+                "PHALANX_LEASE_RENEW_DEADLINE_SECONDS": str(deadline),
+                "PHALANX_LEASE_RETRY_SECONDS": str(retry),
+            }
+        return env
 
     def _install(self, kubectl: Kubectl, cluster: LocalCluster) -> None:
         for path in cluster_crds():
             body = yaml.safe_load(path.read_text())
             kubectl.apply(body)
             kubectl.run("wait", "--for=condition=Established", f"crd/{body['metadata']['name']}", "--timeout=60s")
-        kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        for namespace in (NAMESPACE, TENANT_NAMESPACE):
+            kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         kubectl.wait_for(lambda: kubectl.get("serviceaccount", "default", NAMESPACE), timeout=30)
-        self.nodes = cluster.add_gpu_nodes(self.config.nodes, labels={POOL_LABEL: POOL}, name_prefix="chaos-gpu-")
+        self.nodes = cluster.add_gpu_nodes(
+            self.config.nodes, labels={POOL_LABEL: POOL}, name_prefix="chaos-gpu-", pod_cidr=hostile.POD_CIDR
+        )
+        if self.config.hostile_acts:
+            hostile.gzip_bomb()  # built once (seconds of CPU), before the clock of any fault runs
+
+    def _grant_cluster_scope(self, kubectl: Kubectl, identity: pathlib.Path) -> None:
+        """The chart's cluster-wide install (its default): the operator watches every namespace,
+        the tenant's too. ``chart_identity`` made the account and its Lease Role."""
+        scoped = [
+            obj
+            for obj in render(RELEASE, NAMESPACE, "rbac.aggregateToDefaultRoles=false")
+            if obj["kind"] in ("ClusterRole", "ClusterRoleBinding")
+        ]
+        kubectl.apply(scoped)
+        operator = Kubectl(identity, kubectl.binary)
+        kubectl.wait_for(
+            lambda: (
+                operator.run("auth", "can-i", "watch", "pods", "--all-namespaces", check=False).stdout.strip() == "yes"
+            ),
+            timeout=30,
+            what="the chart's cluster-wide RBAC in effect",
+        )
 
     def violate(self, message: str) -> None:
         self.report.violations.append(message)
         self.say(f"VIOLATION {message}")
+
+    # -- what each replica sent --------------------------------------------------------------------
+
+    def _sent(self, replica: Replica, request: Request, status: int, answer: bytes) -> None:
+        """A proxy's observer (in its thread): file each mutating request, follow the Lease."""
+        if not request.mutating:
+            return
+        process = replica.run_at(request.connection_since)  # a dead run's last requests arrive late
+        holder = None
+        if request.resource == "leases":
+            body = request.json() or {}
+            holder = str((body.get("spec") or {}).get("holderIdentity") or "")
+            if 200 <= status < 300:
+                if holder and (process, holder) != self.holder:  # a takeover (audit.single_writer)
+                    self.say(f"{process} took the Lease (as {holder})")
+                self.holder = (process, holder) if holder else None
+        self.sent.append(
+            Sent(process, request.received, request.method, request.resource, request.name, status, holder)
+        )
+        if request.method == "DELETE" and request.resource == "pods" and 200 <= status < 300:
+            options = request.json() or {}
+            grace = options.get("gracePeriodSeconds", request.query.get("gracePeriodSeconds"))
+            if grace is not None and int(grace) == 0:
+                with contextlib.suppress(ValueError):  # the answer is the pod as it was deleted
+                    pod = json.loads(answer)
+                    fault = self._node_fault((pod.get("spec") or {}).get("nodeName"))  # at that moment
+                    self.force_deleted.append((process, request, pod, fault))
+
+    def _check_writers(self) -> None:
+        takeovers, violations = single_writer(self.sent, self.started)
+        self.report.leader_changes = len(takeovers)
+        self.report.writes_audited = sum(1 for sent in self.sent if not sent.lease)
+        for violation in violations:
+            self.violate(f"two writers: {violation}")
+
+    def _check_force_deletes(self) -> None:
+        """A pod deleted with grace 0 whose container may still run: placed on a node that exists
+        (nodes are never deleted here), not terminal as the API server answered the delete."""
+        while self.force_deleted:
+            process, request, pod, fault = self.force_deleted.pop(0)
+            self.report.force_deletes += 1
+            phase = (pod.get("status") or {}).get("phase")
+            node = (pod.get("spec") or {}).get("nodeName")
+            if phase in ("Succeeded", "Failed") or not node:
+                continue
+            self.violate(
+                f"{process} force-deleted pod {request.name} (phase {phase}) on node {node}, which exists "
+                f"({fault}) at {request.received - self.started:.1f}s"
+            )
+
+    def _node_fault(self, node: str | None) -> str:
+        if node in self.broken_nodes:
+            return f"NotReady for {LONG_NOT_READY:.0f}s, past the {NODE_LOST_GRACE}s grace"
+        if node in self.flapping:
+            return "in a Ready flap of seconds"
+        browned = self.browned  # read once: the proxies' threads ask too
+        if browned is not None and node in browned[0]:
+            return "Unknown in a brownout of seconds"
+        return "no fault on it"
+
+    def _sample_memory(self) -> None:
+        for replica in self.replicas:
+            memory = replica.memory()
+            if memory is None:
+                continue
+            rss, peak = memory
+            self.report.peak_rss_mib = max(self.report.peak_rss_mib, peak)
+            if peak > RSS_LIMIT_MIB and replica.current not in self.memory_reported:
+                self.memory_reported.add(replica.current)
+                self.violate(
+                    f"replica {replica.current} resident memory {peak:.0f} MiB at its peak (now {rss:.0f}), "
+                    f"over the chart's {RSS_LIMIT_MIB} MiB limit"
+                )
 
     # -- faults ----------------------------------------------------------------------------------
 
@@ -316,48 +559,140 @@ class ChaosRun:
         plan += [((i + 0.5) / config.forced_relists * 0.8, "relist") for i in range(config.forced_relists)]
         plan += [(self.rng.uniform(0.05, 0.9), "cut") for _ in range(config.watch_cuts)]
         plan += [(self.rng.uniform(0.1, 0.8), "node") for _ in range(config.node_faults)]
+        if config.replicas > 1:
+            plan += [(self.rng.uniform(0.1, 0.85), "freeze") for _ in range(config.freezes)]
+            plan += [(self.rng.uniform(0.05, 0.85), "latency") for _ in range(config.latency_faults)]
+        plan += [(self.rng.uniform(0.05, 0.85), "flap") for _ in range(config.flaps)]
+        plan += [(self.rng.uniform(0.1, 0.8), "brownout") for _ in range(config.brownouts)]
+        plan += [
+            (self.rng.uniform(0.1, 0.8), f"hostile:{HOSTILE_KINDS[i % len(HOSTILE_KINDS)]}")
+            for i in range(config.hostile_acts)
+        ]
         return sorted(plan)
 
-    def _inject(self, fault: str) -> None:
-        assert self.operator is not None and self.proxy is not None and self.cluster is not None
+    def _inject(self, fault: str) -> bool:
+        """Inject ``fault``; False when its moment has not come yet (no leader to freeze, no stable
+        job to watch): it is tried again next round, for ``FAULT_PATIENCE`` at most."""
+        assert self.cluster is not None
         if fault == "kill":
-            # One armed kill at a time: a second would fire on the same write and kill once.
-            if not self.kill_armed and self.rng.random() < self.config.precise_kill_share:
-                self.kill_armed = True
-                self.killed.clear()
-                self.proxy.after(lambda r: r.status_write, self._kill_from_proxy)
-                self.say("armed: SIGKILL right after the operator's next status write")
-            elif self.operator.kill():
-                self.say("SIGKILL of the operator")
+            self._kill()
         elif fault == "cut":
             self.report.watch_cuts += 1
-            self.say(f"cut {self.proxy.cut_watches()} watch streams")
+            self.say(f"cut {sum(replica.proxy.cut_watches() for replica in self.replicas)} watch streams")
         elif fault == "apiserver":
             took = self.cluster.restart_apiserver()
             self.report.apiserver_restarts += 1
             self.say(f"kube-apiserver crashed and restarted ({took:.1f}s)")
         elif fault == "relist":
-            # Only a live operator with watches open can be forced to relist: no kill in flight.
-            self.proxy.clear()
-            self.kill_armed = False
-            self._keep_operator_running()
-            self._wait_synced()
-            revision = self.cluster.compact_etcd()
-            took = self.cluster.restart_apiserver()
-            self.report.apiserver_restarts += 1
-            self.report.forced_relists += 1
-            self.say(f"etcd compacted at {revision}, kube-apiserver restarted ({took:.1f}s): old watches get 410")
-            self._wait_relisted()
+            self._force_relist()
         elif fault == "node":
-            node = self.rng.choice([name for name in self.nodes if name not in self.broken_nodes])
-            self.cluster.set_node_not_ready(node, wait=False)
-            self.report.node_faults += 1
-            self.say(f"node {node} NotReady")
-            self.broken_nodes[node] = time.monotonic() + 10
+            self._break_node()
+        elif fault == "freeze":
+            return self._freeze()
+        elif fault == "latency":
+            return self._slow_leader()
+        elif fault == "flap":
+            return self._flap()
+        elif fault == "brownout":
+            return self._brownout()
+        elif fault.startswith("hostile:"):
+            return self._hostile(fault.removeprefix("hostile:"))
+        return True
+
+    def _alive(self) -> list[Replica]:
+        return [r for r in self.replicas if r.process.alive() and r.name not in self.frozen]
+
+    def _leader(self) -> Replica | None:
+        """The replica whose running process holds the Lease, unless it is frozen."""
+        holder = self.holder
+        return next((r for r in self._alive() if holder is not None and r.current == holder[0]), None)
+
+    def _kill(self) -> None:
+        # One armed kill at a time: a second would fire on the same write and kill once.
+        if not self.kill_armed and self.rng.random() < self.config.precise_kill_share:
+            self.kill_armed = True
+            for replica in self.replicas:
+                replica.proxy.after(lambda r: r.status_write, functools.partial(self._kill_from_proxy, replica))
+            self.say("armed: SIGKILL right after the leader's next status write")
+            return
+        alive = self._alive()
+        leader = self._leader()
+        standbys = [replica for replica in alive if replica is not leader]
+        if standbys and (leader is None or self.rng.random() < self.config.standby_kill_share):
+            target, role = self.rng.choice(standbys), "standby"
+        elif leader is not None:
+            target, role = leader, "leader"
+        else:
+            return
+        self._sample_memory()
+        if target.process.kill():
+            if role == "leader":
+                self.report.leader_kills += 1
+            else:
+                self.report.standby_kills += 1
+            self.say(f"SIGKILL of the {role} {target.current}")
+
+    def _kill_from_proxy(self, replica: Replica, request: Request) -> None:
+        with self.lock:
+            if not self.kill_armed:
+                return
+            self.kill_armed = False
+        for other in self.replicas:
+            other.proxy.cancel_after()
+        if replica.process.kill(wait=False):
+            self.report.precise_kills += 1
+            self.report.leader_kills += 1
+            self.say(f"SIGKILL of {replica.current} right after its status write")
+
+    def _force_relist(self) -> None:
+        # Only live replicas with watches open can be forced to relist: no kill in flight, none frozen.
+        assert self.cluster is not None
+        for replica in self.replicas:
+            replica.proxy.clear()
+        self.kill_armed = False
+        for name in list(self.frozen):
+            self._thaw(name)
+        self.slowed.clear()
+        self._keep_operator_running()
+        self._wait_synced()
+        revision = self.cluster.compact_etcd()
+        took = self.cluster.restart_apiserver()
+        self.report.apiserver_restarts += 1
+        self.report.forced_relists += 1
+        self.say(f"etcd compacted at {revision}, kube-apiserver restarted ({took:.1f}s): old watches get 410")
+        self._wait_relisted()
+
+    def _freeze(self) -> bool:
+        """SIGSTOP the leader past its Lease while a standby runs: the standby takes over, and the
+        leader, resumed, must not write (``_check_writers``)."""
+        leader = self._leader()
+        if leader is None or len(self._alive()) < 2:
+            return False
+        leader.process.pause()
+        self.frozen[leader.name] = (time.monotonic() + FREEZE_SECONDS, leader.current)
+        self.report.freezes += 1
+        self.say(f"SIGSTOP of the leader {leader.current}, for {FREEZE_SECONDS:.0f}s and until another takes the Lease")
+        return True
+
+    def _thaw(self, name: str) -> None:
+        replica = next(r for r in self.replicas if r.name == name)
+        self.frozen.pop(name, None)
+        if replica.process.alive():
+            replica.process.resume()
+            self.say(f"SIGCONT of {replica.current}")
+
+    def _slow_leader(self) -> bool:
+        leader = self._leader()
+        if leader is None:
+            return False
+        leader.proxy.set_latency(*LATENCY)
+        self.slowed[leader.name] = time.monotonic() + LATENCY_SECONDS
+        self.report.latency_faults += 1
+        self.say(f"latency {LATENCY[0]}-{LATENCY[1]}s on every request of the leader {leader.current}")
+        return True
 
     def relists(self) -> int:
-        assert self.operator is not None
-        return len(re.findall(r"expired \(.*\); listing again", self.operator.log()))
+        return sum(len(re.findall(r"expired \(.*\); listing again", r.process.log())) for r in self.replicas)
 
     def _wait_relisted(self) -> None:
         """Before the next fault, let the operator relist (a kill now would hide it)."""
@@ -368,31 +703,357 @@ class ChaosRun:
         self._wait_synced()
 
     def _wait_synced(self) -> None:
-        assert self.operator is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                if metric(self.operator.metrics(), "phalanx_watch_synced", resource="pods.v1") == 1.0:
-                    return
-            time.sleep(0.2)
-        self.violate("the operator's watches did not sync within 30s of its start")
-
-    def _kill_from_proxy(self, request: Request) -> None:
-        assert self.operator is not None
-        self.kill_armed = False
-        if self.operator.kill(wait=False):
-            self.report.precise_kills += 1
-            self.killed.set()
+        for replica in self.replicas:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                if not replica.process.alive():
+                    break  # stopped meanwhile (it lost the Lease): started again, and waited for, later
+                with contextlib.suppress(OSError):
+                    if metric(replica.process.metrics(), "phalanx_watch_synced", resource="pods.v1") == 1.0:
+                        break
+                time.sleep(0.2)
+            else:
+                self.violate(f"the watches of {replica.current} did not sync within 30s of its start")
 
     def _keep_operator_running(self) -> None:
-        assert self.operator is not None
-        if self.operator.alive():
+        """Start again every replica that ended, as a Deployment would: killed, or stopped by
+        itself after it lost the Lease (anything else it does by itself is a violation)."""
+        for replica in self.replicas:
+            process = replica.process
+            if process.alive():
+                continue
+            exits = len(process.exited_on_its_own)
+            process.check_alive(expect=False)
+            if len(process.exited_on_its_own) > exits:
+                last_run = process.log().rsplit("--- phalanx run #", 1)[-1]
+                if self.config.replicas > 1 and "lost the lease" in last_run:
+                    self.report.lease_losses += 1
+                    self.say(f"{replica.current} lost the Lease and stopped")
+                else:
+                    self.violate(
+                        f"{replica.current} exited by itself ({process.exited_on_its_own[-1]}): {process.log_tail(5)}"
+                    )
+            self.frozen.pop(replica.name, None)
+            self.slowed.pop(replica.name, None)
+            replica.proxy.set_latency(None)
+            replica.restart()
+
+    # -- nodes -----------------------------------------------------------------------------------
+
+    def _healthy_nodes(self) -> list[str]:
+        browned = self.browned[0] if self.browned is not None else []
+        return [n for n in self.nodes if n not in self.broken_nodes and n not in self.flapping and n not in browned]
+
+    def _live_pods_on(self, nodes: set[str]) -> list[dict[str, Any]]:
+        return [
+            pod
+            for pod in self.pods_seen.values()
+            if pod["spec"].get("nodeName") in nodes
+            and pod["status"].get("phase") == "Running"
+            and not pod["metadata"].get("deletionTimestamp")
+        ]
+
+    def _break_node(self) -> None:
+        """NotReady for longer than the operator's node-lost grace: its pods must be replaced."""
+        assert self.cluster is not None
+        node = self.rng.choice(self._healthy_nodes())
+        self.cluster.set_node_not_ready(node, wait=False)
+        self.report.node_faults += 1
+        self.broken_nodes[node] = time.monotonic() + LONG_NOT_READY
+        self.broken_pods[node] = {pod["metadata"]["uid"] for pod in self._live_pods_on({node})}
+        self.say(f"node {node} NotReady for {LONG_NOT_READY:.0f}s ({len(self.broken_pods[node])} pods on it)")
+
+    def _busiest(self, nodes: list[str]) -> list[str]:
+        """``nodes`` by how many pods of settled jobs run there, most first."""
+        settled = {job.uid for job in self.jobs if job.settled and job.hold is None and not job.done}
+        count: Counter[str] = Counter()
+        for pod in self._live_pods_on(set(nodes)):
+            if any(r.get("uid") in settled for r in pod["metadata"].get("ownerReferences") or []):
+                count[pod["spec"]["nodeName"]] += 1
+        return sorted(nodes, key=lambda n: -count[n])
+
+    def _patient(self) -> bool:
+        """Whether a fault that found no stable job to watch may wait another round."""
+        now = time.monotonic()
+        if self.waiting_since is None:
+            self.waiting_since = now
+        return now - self.waiting_since < FAULT_PATIENCE
+
+    def _flap(self) -> bool:
+        """Ready False for seconds on the node where most stable jobs run: nothing may happen to them."""
+        assert self.cluster is not None
+        nodes = self._busiest(self._healthy_nodes())
+        if not nodes:
+            return not self._patient()
+        if not self._hold_jobs_on(set(nodes[:1]), "", dry_run=True) and self._patient():
+            return False
+        node = nodes[0]
+        seconds = self.rng.uniform(*FLAP_SECONDS)
+        self.cluster.set_node_not_ready(node, wait=False)
+        self.flapping[node] = time.monotonic() + seconds
+        self.report.flaps += 1
+        held = self._hold_jobs_on(
+            {node}, f"node {node} NotReady for {seconds:.1f}s (grace {NODE_LOST_GRACE}s)", seconds
+        )
+        self.say(f"node {node} NotReady for {seconds:.1f}s, a flap; holding {held}")
+        return True
+
+    def _brownout(self) -> bool:
+        """Half the nodes stop heartbeating and turn Unknown at once, for seconds (the node
+        lifecycle controller's verdict is written at once, as it would be after its grace)."""
+        assert self.cluster is not None and self.api is not None
+        nodes = self._busiest(self._healthy_nodes())[: max(3, len(self.nodes) // 2)]
+        if not nodes:
+            return not self._patient()
+        if not self._hold_jobs_on(set(nodes), "", dry_run=True) and self._patient():
+            return False
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        unknown = {
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }
+        self.browned = (nodes, time.monotonic() + BROWNOUT_SECONDS)
+        for node in nodes:
+            self.cluster.set_node_lost(node)  # KWOK stops its heartbeats and Lease
+        for node in nodes:
+            with contextlib.suppress(urllib.error.HTTPError):
+                self.api.call(
+                    "PATCH",
+                    f"/api/v1/nodes/{node}/status",
+                    {"status": {"conditions": [unknown]}},
+                    content_type="application/strategic-merge-patch+json",
+                )
+        self.report.brownouts += 1
+        self.report.brownout_nodes += len(nodes)
+        held = self._hold_jobs_on(
+            set(nodes), f"a brownout: {len(nodes)} nodes Unknown for {BROWNOUT_SECONDS:.0f}s", BROWNOUT_SECONDS
+        )
+        self.say(f"brownout: {len(nodes)} nodes Unknown ({', '.join(nodes)}); holding {held}")
+        return True
+
+    def _end_brownout(self) -> None:
+        assert self.cluster is not None and self.browned is not None
+        nodes, _ = self.browned
+        for node in nodes:
+            self.cluster.set_node_lost(node, lost=False)
+        self.cluster.wait_nodes_ready(nodes)
+        self.browned = None
+        self.say(f"brownout over: {len(nodes)} nodes Ready again")
+
+    def _heal(self, node: str) -> None:
+        """The node is Ready again (its pods' readiness follows, see ``_sync_readiness``)."""
+        assert self.cluster is not None
+        self.cluster.set_node_not_ready(node, not_ready=False, wait=True)
+        self.flapping.pop(node, None)
+        if self.broken_nodes.pop(node, None) is not None:
+            stayed = [
+                pod["metadata"]["name"]
+                for pod in self._live_pods_on({node})
+                if pod["metadata"]["uid"] in self.broken_pods.get(node, set())
+            ]
+            if stayed:
+                self.violate(
+                    f"node {node} was NotReady for {LONG_NOT_READY:.0f}s, past the {NODE_LOST_GRACE}s grace, "
+                    f"and its pods {stayed} were not replaced"
+                )
+            self.broken_pods.pop(node, None)
+        self.say(f"node {node} Ready again")
+
+    # -- jobs held still through a fault ---------------------------------------------------------
+
+    def _hold_jobs_on(self, nodes: set[str], why: str, seconds: float = 0.0, *, dry_run: bool = False) -> int:
+        """Hold every settled job with a pod on ``nodes`` (and none on a node past the grace); a job
+        held already is held longer, and its verdict names this fault too."""
+        held = 0
+        for job in self.jobs:
+            if job.hold is not None and not dry_run and set(job.hold.pods.values()) & nodes:
+                job.hold.why += f", and then {why}"
+                job.hold.until = max(job.hold.until, time.monotonic() + seconds + HOLD_SETTLE)
+            if job.done or not job.settled or job.hold is not None:
+                continue
+            pods = self._live_pods_of(job)
+            if not set(pods.values()) & nodes or set(pods.values()) & set(self.broken_nodes):
+                continue
+            held += 1
+            if not dry_run:
+                self._hold(job, why, seconds, pods)
+        return held
+
+    def _live_pods_of(self, job: Job) -> dict[str, str]:
+        return {
+            pod["metadata"]["uid"]: pod["spec"].get("nodeName", "")
+            for pod in self.pods_seen.values()
+            if any(r.get("uid") == job.uid for r in pod["metadata"].get("ownerReferences") or [])
+            and pod["status"].get("phase") not in ("Succeeded", "Failed")
+            and not pod["metadata"].get("deletionTimestamp")
+        }
+
+    def _hold(
+        self, job: Job, why: str, seconds: float, pods: dict[str, str] | None = None, *, judged: bool = True
+    ) -> None:
+        """Keep ``job`` from its next step for the ``seconds`` a fault lasts and ``HOLD_SETTLE`` more."""
+        status = self.statuses.get(job.name, {})
+        job.hold = Hold(
+            why,
+            time.monotonic() + seconds + HOLD_SETTLE,
+            int(status.get("attempt", 0)),
+            int(status.get("restarts", 0)),
+            self._live_pods_of(job) if pods is None else pods,
+            judged,
+        )
+        self.report.jobs_held += 1
+
+    def _check_holds(self, jobs: dict[str, dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        now = time.monotonic()
+        for job in self.jobs:
+            hold = job.hold
+            if hold is None:
+                continue
+            if job.done or set(hold.pods.values()) & set(self.broken_nodes):
+                job.hold = None  # ended by its story, or a fault that may touch it came: no verdict
+                continue
+            body = jobs.get(job.name)
+            status = (body or {}).get("status") or {}
+            live = {
+                p["metadata"]["uid"]
+                for p in self._pods_of(job, pods)
+                if not p["metadata"].get("deletionTimestamp")
+                and p["status"].get("phase") not in ("Succeeded", "Failed")
+            }
+            changed = []
+            if body is None:
+                changed.append("the job is gone")
+            else:
+                if int(status.get("attempt", 0)) != hold.attempt:
+                    changed.append(f"attempt {hold.attempt} -> {status.get('attempt')}")
+                if int(status.get("restarts", 0)) != hold.restarts:
+                    changed.append(
+                        f"restarts {hold.restarts} -> {status.get('restarts')} {status.get('restartsByReason')}"
+                    )
+                if status.get("phase") in ("Succeeded", "Failed"):
+                    changed.append(f"{status.get('phase')} ({status.get('reason')}: {status.get('message')})")
+            gone = sorted(uid for uid in hold.pods if uid not in live)
+            if gone:
+                changed.append(f"{len(gone)} of its {len(hold.pods)} pods deleted or ended")
+            if changed and hold.judged:
+                self.violate(f"{job.name} during {hold.why}: {'; '.join(changed)}")
+                job.hold = None
+            elif now > hold.until:
+                job.hold = None
+
+    # -- hostile tenants -------------------------------------------------------------------------
+
+    def _settled(self) -> list[Job]:
+        return [job for job in self.jobs if job.settled and job.hold is None and not job.done]
+
+    def _hostile(self, kind: str) -> bool:
+        """One hostile act (``HOSTILE_KINDS``): an attacker job's pods serve what no worker should, or
+        an impostor claims a victim's worker; a witness (the victim) is held and judged."""
+        assert self.api is not None
+        settled = self._settled()
+        if len(settled) < 2:
+            return not self._patient()  # too few stable jobs for too long: the act is dropped
+        attacker, victim = self.rng.sample(settled, 2)
+        act = Act(kind, time.monotonic() + HOSTILE_SECONDS)
+        pods = [p for p in self.pods_seen.values() if p["metadata"]["uid"] in self._live_pods_of(attacker)]
+        if kind in ("bomb", "big-page"):
+            page = hostile.gzip_bomb() if kind == "bomb" else hostile.big_page()
+            for pod in pods:
+                if pod["metadata"]["labels"].get(naming.ROLE_LABEL) == naming.ROLE_WORKER:
+                    self._serve(act, pod, page)
+            what = f"{attacker.name}'s workers serve {page.what}"
+        elif kind == "foreign-completion":
+            victim_pods = [p for p in self.pods_seen.values() if p["metadata"]["uid"] in self._live_pods_of(victim)]
+            store = next(
+                (p for p in victim_pods if p["metadata"]["labels"].get(naming.ROLE_LABEL) == naming.ROLE_RENDEZVOUS),
+                None,
+            )
+            if store is None:
+                return not self._patient()
+            attempt = int(self.statuses.get(victim.name, {}).get("attempt", 0))
+            page = hostile.completion_record(attacker.uid, attempt)
+            self._serve(act, store, page)
+            what = f"{victim.name}'s store serves a completion record of {attacker.name} (attempt {attempt})"
+        else:
+            victim_workers = [
+                p
+                for p in self.pods_seen.values()
+                if p["metadata"]["uid"] in self._live_pods_of(victim)
+                and p["metadata"]["labels"].get(naming.ROLE_LABEL) == naming.ROLE_WORKER
+            ]
+            if not victim_workers:
+                return not self._patient()
+            act.impostor = self._impostor(self.rng.choice(victim_workers))
+            what = f"a pod in {TENANT_NAMESPACE} claims {victim.name}'s worker {act.impostor}"
+        self._hold(attacker, f"its own hostile act ({kind})", HOSTILE_SECONDS, judged=False)
+        self._hold(victim, f"a hostile act of another tenant: {what}", HOSTILE_SECONDS)
+        self.acts.append(act)
+        self.report.hostile_acts[kind] += 1
+        self.say(f"hostile: {what}")
+        return True
+
+    def _serve(self, act: Act, pod: dict[str, Any], page: hostile.Page) -> None:
+        address = pod["status"].get("podIP")
+        if not address:
             return
-        self.operator.check_alive(expect=False)
-        if self.killed.is_set():
-            self.say("SIGKILL of the operator right after its status write")
-            self.killed.clear()
-        self.operator.restart()
+        try:
+            act.pages[pod["metadata"]["uid"]] = hostile.HostilePage(address, METRICS_PORT, page)
+        except OSError as error:
+            self.say(f"cannot serve at {address}:{METRICS_PORT}: {error}")
+
+    def _impostor(self, worker: dict[str, Any]) -> str:
+        """A pod in another namespace with ``worker``'s name, labels and owner."""
+        assert self.api is not None
+        metadata = worker["metadata"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": metadata["name"],
+                "namespace": TENANT_NAMESPACE,
+                "labels": metadata.get("labels") or {},
+                "ownerReferences": metadata.get("ownerReferences") or [],
+            },
+            "spec": {
+                "containers": [{"name": "trainer", "image": TRAINER["image"]}],
+                "nodeSelector": {POOL_LABEL: POOL},
+            },
+        }
+        with contextlib.suppress(urllib.error.HTTPError):
+            self.api.call("POST", f"/api/v1/namespaces/{TENANT_NAMESPACE}/pods", body)
+        return str(metadata["name"])
+
+    def _end_acts(self, pods: list[dict[str, Any]]) -> None:
+        """End acts whose time is up; stop serving at the address of a pod that is gone (KWOK gives
+        its address to the next pod, maybe another job's)."""
+        live = {p["metadata"]["uid"] for p in pods if not p["metadata"].get("deletionTimestamp")}
+        now = time.monotonic()
+        for act in list(self.acts):
+            for uid in [uid for uid in act.pages if uid not in live]:
+                self.report.hostile_pages_served += act.pages[uid].served
+                act.pages.pop(uid).close()
+            if now > act.until:
+                self._end_act(act)
+
+    def _end_act(self, act: Act) -> None:
+        served = 0
+        for page in act.pages.values():
+            served += page.served
+            page.close()
+        act.pages.clear()
+        self.report.hostile_pages_served += served
+        if act.impostor is not None and self.api is not None:
+            with contextlib.suppress(urllib.error.HTTPError, urllib.error.URLError, OSError):
+                self.api.call(
+                    "DELETE", f"/api/v1/namespaces/{TENANT_NAMESPACE}/pods/{act.impostor}", {"gracePeriodSeconds": 0}
+                )
+        if act in self.acts:
+            self.acts.remove(act)
+            self.say(f"hostile act {act.kind} over ({served} pages served)")
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -408,39 +1069,59 @@ class ChaosRun:
         return taken / max(1, planned)
 
     def _drive(self) -> None:
-        assert self.api is not None and self.cluster is not None and self.proxy is not None
+        assert self.api is not None and self.cluster is not None
         plan = self._fault_plan()
         while self.pending or any(not job.done for job in self.jobs):
             if time.monotonic() - self.started > self.config.time_limit:
                 self.violate(f"the run did not finish within {self.config.time_limit:.0f}s")
                 return
             if plan and plan[0][0] <= self._progress():  # one a round: a killed operator restarts between
-                self._inject(plan.pop(0)[1])
+                fault = plan[0][1]
+                if self._inject(fault):
+                    plan.pop(0)
+                    self.waiting_since = None
             self.faults_due = bool(plan) and plan[0][0] <= self._progress()
-            for node, heal_at in list(self.broken_nodes.items()):
-                if time.monotonic() > heal_at:
-                    self._heal(node)
+            self._end_faults()
             self._keep_operator_running()
+            self._sample_memory()
             ending = sum(1 for job in self.jobs if not job.done and job.wait is not None and job.wait.gone)
             while self.pending and sum(1 for job in self.jobs if not job.done) - ending < self.config.concurrent:
                 self._create(self.pending.pop(0))
+            self._check_force_deletes()
             jobs, pods = self._observe()
+            self._check_holds(jobs, pods)
+            self._end_acts(pods)
             for job in self.jobs:
                 if not job.done:
                     self._advance(job, jobs.get(job.name), pods)
             time.sleep(0.2)
-        self.proxy.clear()  # a kill armed but not fired did not happen
+        for replica in self.replicas:
+            replica.proxy.clear()  # a kill armed but not fired did not happen; no latency left
         self.kill_armed = False
-        for node in list(self.broken_nodes):
-            self._heal(node)
+        for act in list(self.acts):
+            self._end_act(act)
+        self._end_faults(everything=True)
         self._keep_operator_running()
 
-    def _heal(self, node: str) -> None:
-        """The node is Ready again (its pods' readiness follows, see ``_sync_readiness``)."""
-        assert self.cluster is not None
-        self.cluster.set_node_not_ready(node, not_ready=False, wait=True)
-        self.broken_nodes.pop(node, None)
-        self.say(f"node {node} Ready again")
+    def _end_faults(self, *, everything: bool = False) -> None:
+        """Heal the nodes, resume the frozen, speed up the slowed whose time is up (all of them at
+        the end)."""
+        now = float("inf") if everything else time.monotonic()
+        for node, heal_at in [*self.broken_nodes.items(), *self.flapping.items()]:
+            if now > heal_at:
+                self._heal(node)
+        if self.browned is not None and now > self.browned[1]:
+            self._end_brownout()
+        for name, (thaw_at, process) in list(self.frozen.items()):
+            # resumed once another took the Lease (the point of the freeze), or after waiting long for it
+            taken = self.holder is None or self.holder[0] != process
+            if now > thaw_at and (taken or now > thaw_at + 3 * LEASE_SECONDS[0]):
+                self._thaw(name)
+        for name, until in list(self.slowed.items()):
+            if now > until:
+                self.slowed.pop(name)
+                next(r for r in self.replicas if r.name == name).proxy.set_latency(None)
+                self.say(f"latency on replica {name} over")
 
     def _sync_readiness(self, pods: list[dict[str, Any]]) -> None:
         """Play the kubelet's status sync: a running container on a Ready node is reported ready
@@ -489,6 +1170,10 @@ class ChaosRun:
             for j in self.api.items(f"/apis/phalanx.dev/v1alpha1/namespaces/{NAMESPACE}/trainingjobs")
         }
         pods = self.api.items(f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={naming.JOB_NAME_LABEL}")
+        self.statuses = {name: body.get("status") or {} for name, body in jobs.items()}
+        self.pods_seen.update((p["metadata"]["name"], p) for p in pods)
+        for name in set(self.pods_seen) - {p["metadata"]["name"] for p in pods}:
+            del self.pods_seen[name]
         self._check_pods(jobs, pods)
         self._sync_readiness(pods)
         return jobs, pods
@@ -564,6 +1249,7 @@ class ChaosRun:
         return len(ready) == desired == len(workers)
 
     def _advance(self, job: Job, body: dict[str, Any] | None, pods: list[dict[str, Any]]) -> None:
+        job.settled = False
         status = (body or {}).get("status") or {}
         if body is not None:
             job.last_phase, job.last_reason = status.get("phase"), status.get("reason")
@@ -608,7 +1294,7 @@ class ChaosRun:
             return
         if wait.suspended:
             if status.get("phase") == "Suspended" and not self._pods_of(job, pods):
-                if self._outrunning_the_faults():
+                if self._outrunning_the_faults() or job.hold is not None:
                     wait.since = time.monotonic()  # waiting on the driver, not on the operator
                 else:
                     self._take_step(job, body, workers)
@@ -622,7 +1308,8 @@ class ChaosRun:
             return
         if int(status.get("restarts", 0)) != job.expected_restarts:
             return  # not counted yet (an excess is reported above)
-        if self._outrunning_the_faults():
+        job.settled = True
+        if self._outrunning_the_faults() or job.hold is not None:
             wait.since = time.monotonic()  # waiting on the driver, not on the operator
             return
         self._take_step(job, body, workers)
@@ -657,6 +1344,7 @@ class ChaosRun:
 
     def _take_step(self, job: Job, body: dict[str, Any], workers: list[dict[str, Any]]) -> None:
         assert self.api is not None and self.cluster is not None
+        job.settled = False  # moving: no fault may take it for a job at rest this round
         now = time.monotonic()
         status = body.get("status") or {}
         desired = body["spec"]["workers"]["desired"]
@@ -744,10 +1432,13 @@ class ChaosRun:
         assert self.api is not None
         deadline = time.monotonic() + ORPHAN_GRACE
         while time.monotonic() < deadline:
+            self._check_force_deletes()
+            self._sample_memory()
             jobs, pods = self._observe()
             if not jobs and not pods:
                 return
             time.sleep(1)
+        self._check_force_deletes()
         jobs, pods = self._observe()
         if jobs:
             self.violate(f"jobs left at the end: {sorted(jobs)}")
@@ -760,8 +1451,15 @@ def summary_line(report: Report) -> str:
     return (
         f"{figures['jobs']} jobs ({figures['jobs_succeeded']} succeeded, {figures['jobs_failed_as_scripted']} "
         f"failed as scripted), {figures['pods_seen']} pods, {figures['counted_failures_injected']} counted failures, "
-        f"{figures['operator_kills']} operator kills ({figures['operator_kills_right_after_a_status_write']} right "
-        f"after a status write), {figures['apiserver_restarts']} API server restarts, {figures['forced_relists']} "
-        f"forced relists ({figures['relists_seen_by_the_operator']} relists seen), {figures['watch_cuts']} watch cuts, "
+        f"{figures['operator_kills']} operator kills ({figures['operator_kills_of_the_leader']} of the leader, "
+        f"{figures['operator_kills_of_the_standby']} of the standby, "
+        f"{figures['operator_kills_right_after_a_status_write']} right after a status write), "
+        f"{figures['leader_changes']} leader changes, {figures['leader_freezes']} freezes, "
+        f"{figures['leader_latency_faults']} latency faults, {figures['apiserver_restarts']} API server restarts, "
+        f"{figures['forced_relists']} forced relists ({figures['relists_seen_by_the_operator']} relists seen), "
+        f"{figures['watch_cuts']} watch cuts, {figures['node_faults']} nodes NotReady past the grace, "
+        f"{figures['node_flaps']} flaps, {figures['brownouts']} brownouts ({figures['brownout_nodes']} nodes), "
+        f"{sum(figures['hostile_acts'].values())} hostile acts ({figures['hostile_pages_served']} pages served), "
+        f"{figures['writes_audited']} writes audited, peak RSS {figures['peak_rss_mib']} MiB, "
         f"{len(figures['violations'])} violations in {figures['seconds']}s"
     )

@@ -7,6 +7,8 @@ networks and API servers break, at chosen moments.
     proxy.lose_response(lambda r: r.method == "POST" and r.resource == "events")
     proxy.after(lambda r: r.status_write, kill_operator) # after the server applied it, before the reply
     proxy.delay(lambda r: r.verb == "list", 2.0)       # hold matching requests back before forwarding
+    proxy.set_latency(0.2, 1.5)                         # hold every request back 0.2-1.5 s (None: off)
+    proxy.observe(lambda r, status, body: ...)          # every request with the server's answer (0: none)
     proxy.requests                                      # Counter of (verb, resource)
     proxy.stop()
 
@@ -19,8 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import random
 import ssl
 import threading
+import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,15 +42,35 @@ FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept", "User-Agent")
 
 @dataclass(frozen=True)
 class Request:
-    """What the proxy knows about one request, for predicates."""
+    """What the proxy knows about one request, for predicates and observers."""
 
     method: str
     path: str
     query: dict[str, str]
+    body: bytes = b""
+    received: float = 0.0  # time.monotonic() when the proxy got it
+    # when the proxy got the first request of the client's connection: a request that reached the
+    # proxy after its sender died (it was on its way) is known by its connection's age
+    connection_since: float = 0.0
 
     @property
     def watch(self) -> bool:
         return self.query.get("watch") in ("1", "true")
+
+    @property
+    def mutating(self) -> bool:
+        return self.method in ("POST", "PUT", "PATCH", "DELETE")
+
+    @property
+    def name(self) -> str | None:
+        return self._parts()[1]
+
+    def json(self) -> Any:
+        """The body as JSON; None when there is none or it is not JSON (an apply patch is YAML)."""
+        try:
+            return json.loads(self.body) if self.body else None
+        except ValueError:
+            return None
 
     def _parts(self) -> tuple[str, str | None, str | None]:
         """(resource, name, subresource) of /api/v1/... or /apis/<group>/<version>/... paths."""
@@ -76,6 +102,7 @@ class Request:
 
 
 Predicate = Callable[[Request], bool]
+Observer = Callable[[Request, int, bytes], None]
 
 
 class FaultProxy:
@@ -96,6 +123,10 @@ class FaultProxy:
         self._lose: list[tuple[Predicate, list[int]]] = []
         self._after: list[tuple[Predicate, Callable[[Request], None], list[int]]] = []
         self._delay: list[tuple[Predicate, float, list[int]]] = []
+        self._latency: tuple[float, float] | None = None
+        self._observers: list[Observer] = []
+        self._connections: weakref.WeakKeyDictionary[asyncio.BaseTransport, float] = weakref.WeakKeyDictionary()
+        self._random = random.Random()
         self._lock = threading.Lock()
         self._ready = threading.Event()
 
@@ -145,11 +176,30 @@ class FaultProxy:
         with self._lock:
             self._delay.append((predicate, seconds, [count]))
 
+    def set_latency(self, low: float | None, high: float | None = None) -> None:
+        """Hold every request back for a random time between ``low`` and ``high`` seconds (a slow
+        network or API server) until called with None."""
+        with self._lock:
+            self._latency = None if low is None else (low, low if high is None else high)
+
+    def observe(self, observer: Observer) -> None:
+        """Call ``observer(request, status, body)`` (in the proxy's thread) for every request once the
+        API server answered it (a watch: once its stream began, with no body), or with status 0 and
+        no body when it could not be reached. The request's ``received`` says when the client sent it."""
+        with self._lock:
+            self._observers.append(observer)
+
+    def cancel_after(self) -> None:
+        """Forget the callbacks armed with ``after`` that have not fired."""
+        with self._lock:
+            self._after.clear()
+
     def clear(self) -> None:
         with self._lock:
             self._lose.clear()
             self._after.clear()
             self._delay.clear()
+            self._latency = None
 
     def kubeconfig(self, via: Path, path: Path) -> Path:
         """A copy of kubeconfig ``via`` (a token user) that talks to the API server through this proxy."""
@@ -212,15 +262,26 @@ class FaultProxy:
             rules[:] = [rule for rule in rules if rule[-1][0] > 0]
         return taken
 
+    def _observed(self, request: Request, status: int, body: bytes = b"") -> None:
+        with self._lock:
+            observers = list(self._observers)
+        for observer in observers:
+            observer(request, status, body)
+
     async def _forward(self, incoming: web.Request) -> web.StreamResponse:
         assert self._session is not None
-        request = Request(incoming.method, incoming.path, dict(incoming.query))
+        received = time.monotonic()
+        since = received if incoming.transport is None else self._connections.setdefault(incoming.transport, received)
+        body = await incoming.read()
+        request = Request(incoming.method, incoming.path, dict(incoming.query), body, received, since)
         with self._lock:
             self.requests[(request.verb, request.resource)] += 1
+            latency = self._latency
+        if latency is not None:
+            await asyncio.sleep(self._random.uniform(*latency))
         for _, seconds, _ in self._take(self._delay, request):
             await asyncio.sleep(seconds)
         headers = {name: incoming.headers[name] for name in FORWARDED_HEADERS if name in incoming.headers}
-        body = await incoming.read()
         try:
             upstream = await self._session.request(
                 incoming.method,
@@ -229,15 +290,19 @@ class FaultProxy:
                 data=body or None,
             )
         except (aiohttp.ClientError, OSError) as error:
+            self._observed(request, 0)
             return web.Response(status=503, text=f"fault proxy: API server unreachable: {error}")
         if request.watch:
+            self._observed(request, upstream.status)
             return await self._stream(incoming, upstream)
         try:
             payload = await upstream.read()
         except (aiohttp.ClientError, OSError) as error:
+            self._observed(request, 0)
             return web.Response(status=503, text=f"fault proxy: {error}")
         finally:
             upstream.release()
+        self._observed(request, upstream.status, payload)
         if 200 <= upstream.status < 300:
             for _, callback, _ in self._take(self._after, request):
                 callback(request)

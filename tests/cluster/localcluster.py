@@ -901,13 +901,16 @@ class LocalCluster:
         pods: str = "110",
         taints: Sequence[Mapping[str, str]] = (),
         internal_ip: str | None = None,
+        pod_cidr: str | None = None,
         wait: bool = True,
         timeout: float = 60.0,
     ) -> list[str]:
         """Create ``count`` KWOK nodes with that capacity; return their names (Ready if ``wait``).
 
         ``internal_ip`` is the nodes' address, which KWOK also gives host-network pods on them
-        (127.0.0.1 makes such a pod reachable at a port a test serves on this host)."""
+        (127.0.0.1 makes such a pod reachable at a port a test serves on this host); ``pod_cidr``
+        (``spec.podCIDR``) is where KWOK takes their other pods' addresses from (one pool for every
+        node given the same: a loopback range makes each pod reachable at its own address)."""
         if not self.kwok_enabled:
             raise ClusterError("this cluster runs without kwok")
         existing = set(self.kubectl("get", "nodes", "-o", "name").stdout.split())
@@ -945,7 +948,10 @@ class LocalCluster:
                             "node.alpha.kubernetes.io/ttl": "0",
                         },
                     },
-                    "spec": {"taints": [dict(t) for t in taints]} if taints else {},
+                    "spec": {
+                        **({"taints": [dict(t) for t in taints]} if taints else {}),
+                        **({"podCIDR": pod_cidr} if pod_cidr else {}),
+                    },
                     "status": {
                         "capacity": capacity,
                         "allocatable": capacity,
