@@ -229,7 +229,7 @@ def test_the_planner_creates_the_policy_once_when_the_operator_isolates_jobs() -
 
     assert "NetworkPolicy" not in reconcile(None)
     assert "NetworkPolicy" in reconcile(isolated)
-    assert ("NetworkPolicy", "demo") in world.objects
+    assert ("NetworkPolicy.networking.k8s.io", "demo") in world.objects
     assert "NetworkPolicy" not in reconcile(isolated)  # as desired: no write
 
 
