@@ -17,6 +17,7 @@ from phalanx.reconcile import naming
 from tests.cluster.kube import Kubectl
 from tests.integration.chart_identity import IDENTITY_KINDS, render, token_kubeconfig
 from tests.integration.operator_process import OperatorProcess
+from tests.integration.scenario import HOLD_FINALIZER
 from tests.unit.jobs import manifest
 
 pytestmark = pytest.mark.integration
@@ -249,9 +250,6 @@ def test_a_namespace_the_operator_cannot_list_holds_only_its_own_jobs(
         kubectl.apply(missing)
         wait_phase(kubectl, locked, "Running", name="waits", timeout=90)
         assert metric(operator.metrics(), "phalanx_watch_scope_synced", namespace=locked) == 1.0
-
-
-HOLD_FINALIZER = "phalanx.dev/test-hold"
 
 
 def test_a_pod_in_another_namespace_posing_as_a_worker_changes_nothing(
