@@ -167,7 +167,10 @@ def observe_job(key: tuple[str, str], sample: JobSample) -> None:
     if sample.rescaled:
         RESCALES.labels(namespace, name, sample.rescaled).inc()
     started = parse_time(status.get("startTime"))
-    if started is not None and not sample.previous_status.get("startTime"):
+    previous = sample.previous_status
+    # startTime is cleared on resume and on Kueue's re-queueing (the deadline's clock restarts): a
+    # job that trained before was sampled at its first start
+    if started is not None and not previous.get("startTime") and not previous.get("trainingSeconds"):
         created = parse_time(sample.created)
         if created is not None:
             STARTUP.labels(namespace).observe(max(0.0, (started - created).total_seconds()))

@@ -33,3 +33,26 @@ def test_jobs_by_phase_move_with_each_job_and_drop_a_forgotten_one() -> None:
     metrics.forget_job(("counts", "b"))
     assert {phase: jobs_in(phase) for phase in before} == before
     assert REGISTRY.get_sample_value("phalanx_jobs", {"phase": "Suspended"}) is not None  # exported at 0 too
+
+
+def startup_samples(namespace: str) -> float:
+    return REGISTRY.get_sample_value("phalanx_job_startup_duration_seconds_count", {"namespace": namespace}) or 0.0
+
+
+def test_startup_is_sampled_once_though_a_resume_clears_and_sets_start_time_again() -> None:
+    def observe_status(status: dict[str, object], previous: dict[str, object]) -> None:
+        sample = metrics.JobSample(status=status, previous_status=previous, created="2026-12-01T11:00:00Z",
+                                   gpus_per_worker=1, bound_workers=2, rescaled=None, now=NOW)  # fmt: skip
+        metrics.observe_job(("startup", "resumed"), sample)
+
+    started = {"phase": "Running", "startTime": "2026-12-01T11:00:30Z", "trainingSeconds": 0}
+    observe_status(started, {"phase": "Pending"})
+    assert startup_samples("startup") == 1
+    trained = {**started, "trainingSeconds": 600}
+    observe_status(trained, started)
+    suspended = {"phase": "Suspended", "trainingSeconds": 600}  # the resume clears startTime
+    observe_status(suspended, trained)
+    resumed = {"phase": "Running", "startTime": "2026-12-01T11:50:00Z", "trainingSeconds": 600}
+    observe_status(resumed, suspended)
+    assert startup_samples("startup") == 1  # time to first training, not to the resume
+    metrics.forget_job(("startup", "resumed"))
