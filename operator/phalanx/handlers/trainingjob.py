@@ -17,7 +17,7 @@ from phalanx import metrics
 from phalanx.api import v1alpha1 as api
 from phalanx.cluster.apply import AdmissionRefusedError, StaleStatusError, execute
 from phalanx.cluster.cache import JobKey
-from phalanx.cluster.client import ApiError
+from phalanx.cluster.client import ApiError, NotLeadingError
 from phalanx.handlers.runtime import Runtime
 from phalanx.reconcile import plan as planner
 
@@ -98,6 +98,9 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
         logger.info("%s; planning again", stale)
         await _refresh(runtime, key)
         return 0.0
+    except NotLeadingError:
+        result = "fenced"  # the Lease lapsed by our clock: not an error of this job's
+        raise
     except Exception:
         result = "error"
         metrics.RECONCILE_ERRORS.labels(controller="trainingjob").inc()
