@@ -59,6 +59,7 @@ pytestmark = pytest.mark.integration
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOOPBACK_TAINT = {"key": "phalanx.dev/loopback", "value": "true", "effect": "NoSchedule"}
 LOOPBACK_POOL = "loopback"
+LOOPBACK_POD_CIDR = "127.78.0.1/24"
 POOL_LABEL = "phalanx.dev/test-pool"
 
 
@@ -393,7 +394,9 @@ def test_a_foreign_pod_with_a_workers_name_is_left_alone_and_reported(
 
 @pytest.fixture(scope="module")
 def loopback_nodes(kwok_cluster: LocalCluster, kubectl: Kubectl) -> list[str]:
-    """KWOK nodes at 127.0.0.1: host-network pods on them are reachable at ports this test serves."""
+    """KWOK nodes that give pods loopback addresses (``LOOPBACK_POD_CIDR``): a pod on them is
+    reachable at a port this test serves on every local address (the operator never scrapes a
+    host-network pod, which would be its node's port)."""
     names = [n["metadata"]["name"] for n in kubectl.list("nodes", selector=f"{POOL_LABEL}={LOOPBACK_POOL}")]
     if len(names) < 2:
         names += kwok_cluster.add_gpu_nodes(
@@ -401,7 +404,7 @@ def loopback_nodes(kwok_cluster: LocalCluster, kubectl: Kubectl) -> list[str]:
             labels={POOL_LABEL: LOOPBACK_POOL},
             name_prefix="loopback-gpu-",
             taints=[LOOPBACK_TAINT],
-            internal_ip="127.0.0.1",
+            pod_cidr=LOOPBACK_POD_CIDR,
         )
     return names
 
@@ -414,7 +417,6 @@ def loopback_job(kubectl: Kubectl, namespace: str, name: str, port: int) -> None
             "workers": {"min": 1, "max": 1, "desired": 1},
             "template": {
                 "spec": {
-                    "hostNetwork": True,
                     "nodeSelector": {POOL_LABEL: LOOPBACK_POOL},
                     "tolerations": [{"key": LOOPBACK_TAINT["key"], "operator": "Exists"}],
                     "containers": [trainer],
@@ -437,7 +439,7 @@ def world_size_page(size: int) -> str:
 def test_one_pod_serving_absurd_metrics_never_stops_progress_for_the_others(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess, loopback_nodes: list[str]
 ) -> None:
-    good, bad = TextPage(world_size_page(2)), TextPage(world_size_page(1))
+    good, bad = (TextPage(world_size_page(size), host="0.0.0.0") for size in (2, 1))
     try:
         loopback_job(kubectl, namespace, "good", good.port)
         loopback_job(kubectl, namespace, "bad", bad.port)

@@ -1,4 +1,4 @@
-"""An HTTP endpoint on 127.0.0.1 that answers every GET with a text a test sets (and may change):
+"""An HTTP endpoint on 127.0.0.1 (or ``host``) that answers every GET with a text a test sets (and may change):
 a worker's metrics page, as broken or hostile as the test wants it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 
 
 class TextPage:
-    def __init__(self, text: str, status: int = 200) -> None:
+    def __init__(self, text: str, status: int = 200, host: str = "127.0.0.1") -> None:
         self.text = text
         self.status = status
         page = self
@@ -24,7 +24,7 @@ class TextPage:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.port = int(self.server.server_address[1])
         self._thread = threading.Thread(target=self.server.serve_forever, name="text-page", daemon=True)
         self._thread.start()
