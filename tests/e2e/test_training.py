@@ -161,7 +161,11 @@ def test_losing_one_worker_keeps_training_at_world_size_two(
     assert final["attempt"] == 0 and final["restarts"] == 0
     survivor = logs(kubectl, namespace, "elastic-worker-0")
     resumed = [int(step) for step in re.findall(r"resumed_from=(\d+)", survivor)]
-    assert resumed and min(resumed) >= 30, survivor  # progress kept across every re-formed world
+    assert resumed == sorted(resumed), survivor  # no re-formed world went back
+    # A late pod may re-form the first world early; every world after the loss starts past step 30.
+    trained = next(m.start() for m in STEP.finditer(survivor) if int(m.group(1)) >= 30)
+    after_loss = [int(step) for step in re.findall(r"resumed_from=(\d+)", survivor[trained:])]
+    assert len(after_loss) >= 2 and min(after_loss) >= 30, survivor  # down to 2, back up to 3
     assert steps_in_world(survivor, 3)[-1] > resumed_at  # capacity came back: the world grew to 3 again
     assert "done rank=" in survivor
     assert final["lastCheckpoint"]["step"] > resumed_at, final  # reported by a worker, kept after the end

@@ -9,10 +9,12 @@ import pytest
 
 from tests.cluster.kube import Kubectl, KubectlError
 from tests.cluster.localcluster import LocalCluster
+from tests.integration.scenario import POOL_LABEL
 
 pytestmark = pytest.mark.integration
 
 GPU = "nvidia.com/gpu"
+SMOKE_POOL = "smoke"
 
 
 def gpu_pod(
@@ -27,6 +29,8 @@ def gpu_pod(
         "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
         "spec": {
             "restartPolicy": "Never",
+            # other modules' GPU pools share the session's cluster: stay on this module's nodes
+            "nodeSelector": {POOL_LABEL: SMOKE_POOL},
             "containers": [
                 {
                     "name": "trainer",
@@ -45,7 +49,7 @@ def phase(kubectl: Kubectl, ns: str, name: str) -> str | None:
 
 @pytest.fixture(scope="session")
 def gpu_nodes(kwok_cluster: LocalCluster) -> list[str]:
-    return kwok_cluster.add_gpu_nodes(2, labels={"phalanx.dev/pool": "smoke"})
+    return kwok_cluster.add_gpu_nodes(2, labels={POOL_LABEL: SMOKE_POOL})
 
 
 def test_apiserver_answers(cluster: Any, kubectl: Kubectl) -> None:

@@ -185,7 +185,7 @@ class FailingRuntime:
     def __init__(self, body: dict[str, Any]) -> None:
         self.jobs = SimpleNamespace(get=lambda key: body)
 
-    def synced(self) -> bool:
+    def synced(self, namespace: str | None = None) -> bool:
         return True
 
     def execution(self) -> None:
