@@ -575,8 +575,8 @@ class ChaosRun:
         job to watch): it is tried again next round, for ``FAULT_PATIENCE`` at most."""
         assert self.cluster is not None
         if fault == "kill":
-            self._kill()
-        elif fault == "cut":
+            return self._kill()
+        if fault == "cut":
             self.report.watch_cuts += 1
             self.say(f"cut {sum(replica.proxy.cut_watches() for replica in self.replicas)} watch streams")
         elif fault == "apiserver":
@@ -607,14 +607,20 @@ class ChaosRun:
         holder = self.holder
         return next((r for r in self._alive() if holder is not None and r.current == holder[0]), None)
 
-    def _kill(self) -> None:
+    def _kill(self) -> bool:
+        """SIGKILL a replica; False (tried again next round) while a frozen leader still holds the
+        Lease: killing its successor-to-be again and again would leave nobody leading at all."""
+        if self._leader() is None and any(
+            self.holder and process == self.holder[0] for _, process in self.frozen.values()
+        ):
+            return False
         # One armed kill at a time: a second would fire on the same write and kill once.
         if not self.kill_armed and self.rng.random() < self.config.precise_kill_share:
             self.kill_armed = True
             for replica in self.replicas:
                 replica.proxy.after(lambda r: r.status_write, functools.partial(self._kill_from_proxy, replica))
             self.say("armed: SIGKILL right after the leader's next status write")
-            return
+            return True
         alive = self._alive()
         leader = self._leader()
         standbys = [replica for replica in alive if replica is not leader]
@@ -623,7 +629,7 @@ class ChaosRun:
         elif leader is not None:
             target, role = leader, "leader"
         else:
-            return
+            return True
         self._sample_memory()
         if target.process.kill():
             if role == "leader":
@@ -631,6 +637,7 @@ class ChaosRun:
             else:
                 self.report.standby_kills += 1
             self.say(f"SIGKILL of the {role} {target.current}")
+        return True
 
     def _kill_from_proxy(self, replica: Replica, request: Request) -> None:
         with self.lock:
@@ -667,6 +674,8 @@ class ChaosRun:
         leader, resumed, must not write (``_check_writers``)."""
         leader = self._leader()
         if leader is None or len(self._alive()) < 2:
+            return False
+        if self.broken_nodes:  # a node's pods are due for replacement: a leader must be there to do it
             return False
         leader.process.pause()
         self.frozen[leader.name] = (time.monotonic() + FREEZE_SECONDS, leader.current)
