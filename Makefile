@@ -8,7 +8,7 @@ CACHE ?= $(or $(PHALANX_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/phalan
 WHEELS := $(CACHE)/wheels
 TORCH ?= torch==2.13.0
 
-.PHONY: venv torch binaries packages images up down lint typecheck unit integration e2e test crd clean
+.PHONY: venv torch binaries quickstart-binaries packages images quickstart-images up down lint typecheck unit integration e2e test crd clean
 
 $(BIN)/phalanx: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,15 @@ crd: venv  ## regenerate crds/ and docs/api.md from the API models
 	$(BIN)/phalanx crd
 	$(BIN)/phalanx docs
 
-binaries:  ## Kubernetes, etcd, KWOK, CoreDNS, helm built from Go modules (cached by version)
+binaries:  ## every Go program the test tiers need, built from its module (cached by version)
 	tests/cluster/build-binaries.sh
+
+# What `make up` runs: the control plane and the real node (kubelet, kube-proxy, CoreDNS); no KWOK,
+# helm, gang schedulers, Kueue or promtool (the tests build those).
+QUICKSTART_MODULES := kubernetes etcd coredns
+
+quickstart-binaries:  ## only the Go programs `make up` runs
+	tests/cluster/build-binaries.sh $(QUICKSTART_MODULES)
 
 packages:  ## Debian packages of the real node: containerd, runc, CNI plugins, debootstrap, ...
 	tests/cluster/node/install-packages.sh
@@ -39,7 +46,16 @@ images: venv packages torch  ## pause image, wheel cache; operator and trainer f
 	$(BIN)/python -m tests.cluster.node.images
 	$(BIN)/python -m tests.cluster.node.dockerfile_images operator trainer
 
-up: torch binaries images  ## local cluster + operator + the CPU example training (or the cluster in $$KUBECONFIG)
+# The Go builds take the CPUs while torch's wheels, the node's packages and the images mostly wait on
+# the network: they run side by side.
+# The quickstart runs the operator from the venv and torch only inside the trainer image: no torch in
+# the venv, no operator image (images.py fetches torch's wheels into the wheel cache itself).
+quickstart-images: venv packages  ## pause image and the trainer image, what `make up` runs
+	$(BIN)/python -m tests.cluster.node.images
+	$(BIN)/python -m tests.cluster.node.dockerfile_images trainer
+
+up:  ## local cluster + operator + the CPU example training (or the cluster in $$KUBECONFIG)
+	$(MAKE) --no-print-directory --jobs=3 --output-sync=line quickstart-binaries quickstart-images
 	$(BIN)/python -m tests.cluster.quickstart up
 
 down:  ## stop everything `make up` started

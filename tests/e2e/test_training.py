@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import pathlib
 import re
+import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -44,12 +49,56 @@ def worker_names(kubectl: Kubectl, namespace: str, name: str) -> list[str]:
     return sorted(pod["metadata"]["name"] for pod in pods)
 
 
+# How far along its life a phase is: a job's phases may only move up this order (a gang restart
+# or a failure aside, which the example has none of).
+PHASE_ORDER = {"": 0, "Pending": 1, "Starting": 2, "Running": 3, "Rescaling": 3, "Succeeded": 4}
+
+
+@contextmanager
+def watched_phases(kubectl: Kubectl, namespace: str, name: str) -> Iterator[list[tuple[str, str]]]:
+    """Every (phase, reason) a watch on the job delivers, as `kubectl get tj -w` shows them."""
+    seen: list[tuple[str, str]] = []
+    argv = [str(kubectl.binary), f"--kubeconfig={kubectl.kubeconfig}", "get", "tj", name]
+    argv += [f"--namespace={namespace}", "--watch", r'--output=jsonpath={.status.phase} {.status.reason}{"\n"}']
+    watch = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def read() -> None:
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            phase, _, reason = line.strip().partition(" ")
+            seen.append((phase, reason))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield seen
+    finally:
+        watch.terminate()
+        watch.wait(timeout=10)
+        reader.join(timeout=10)
+
+
 def test_cpu_example_trains_two_workers_in_one_world(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
     body = yaml.safe_load((ROOT / "examples" / "cpu-gloo.yaml").read_text())
     kubectl.create(body, namespace=namespace)
-    final = wait_phase(kubectl, namespace, "cpu-gloo", "Succeeded", timeout=300)
+    with watched_phases(kubectl, namespace, "cpu-gloo") as phases:
+        final = wait_phase(kubectl, namespace, "cpu-gloo", "Succeeded", timeout=300)
+        kubectl.wait_for(lambda: ("Succeeded", "Succeeded") in phases, timeout=10, what="the watch sees Succeeded")
+    print(f"phases watched: {phases}")
+    # A finishing job never looks like one starting again (workers exit 0 one after another).
+    assert ("Running", "WorkersReady") in phases, phases
+    backwards = [(a, b) for a, b in itertools.pairwise(phases) if PHASE_ORDER[b[0]] < PHASE_ORDER[a[0]]]
+    assert not backwards, phases
+    events = kubectl.list("events", namespace, None)
+    relapses = [
+        e["message"]
+        for e in events
+        if (e.get("involvedObject") or {}).get("name") == "cpu-gloo"
+        and re.match(r"(Running|Rescaling) -> (Starting|Pending)", e.get("message") or "")
+    ]
+    assert not relapses, relapses
     assert {c["type"]: c["status"] for c in final["conditions"]}["Succeeded"] == "True"
     texts = [logs(kubectl, namespace, pod) for pod in ("cpu-gloo-worker-0", "cpu-gloo-worker-1")]
     for text in texts:

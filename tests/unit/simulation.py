@@ -218,13 +218,17 @@ class World:
             "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}],
         }
 
-    def terminate(self, name: str, exit_code: int, reason: str = "Error", message: str | None = None) -> None:
+    def terminate(
+        self, name: str, exit_code: int, reason: str = "Error", message: str | None = None, *, terminal: bool = True
+    ) -> None:
+        """The main container exited; ``terminal=False`` is the kubelet's status before it marks the
+        pod Succeeded or Failed (phase still Running, Ready already False)."""
         pod = self.pods[name]
         terminated: dict[str, Any] = {"exitCode": exit_code, "reason": reason}
         if message:
             terminated["message"] = message
         pod["status"] = {
-            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "phase": ("Succeeded" if exit_code == 0 else "Failed") if terminal else "Running",
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}],
             "containerStatuses": [{"name": pod["spec"]["containers"][0]["name"], "state": {"terminated": terminated}}],
         }

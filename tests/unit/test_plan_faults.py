@@ -529,3 +529,43 @@ def test_pod_churn_in_the_namespace_cannot_make_a_blocked_job_probe_more_than_ev
     assert created_pods(world.reconcile()) == []  # refused just now
     world.advance(REFUSAL_RETRY_SECONDS[0])
     assert len(created_pods(world.reconcile())) == 1  # not the 60 s pause: a pod left; one probe
+
+
+# -- a job that is finishing ---------------------------------------------------------------------
+
+
+def test_a_job_whose_workers_are_finishing_stays_running_until_it_succeeded() -> None:
+    """Workers exit 0 one after another, and the kubelet marks a pod Succeeded a moment after its
+    container ended: in between the job is finishing, never a job starting again."""
+    world = running(World(job()))
+    first, second, _third = (naming.worker_pod_name("demo", i) for i in range(3))
+    world.terminate(first, 0, reason="Completed", terminal=False)
+    world.pods[second]["status"]["conditions"] = [  # shutting down: not ready, still running
+        {"type": "PodScheduled", "status": "True"},
+        {"type": "Ready", "status": "False"},
+    ]
+    plan = world.reconcile()
+    assert (world.status["phase"], world.status["reason"]) == ("Running", "Completing"), world.status
+    assert f"{first} finished training" in world.status["message"]
+    assert plan.apply == () and plan.delete == () and plan.events == ()
+    assert conditions(world)["Ready"][0] == "True"
+    world.terminate(first, 0, reason="Completed")
+    world.reconcile()
+    assert world.status["phase"] == "Succeeded"
+
+
+def test_a_rescaling_job_whose_worker_finished_stays_rescaling() -> None:
+    world = running(World(job()))
+    world.body["status"]["phase"] = "Rescaling"
+    world.terminate(naming.worker_pod_name("demo", 2), 0, reason="Completed", terminal=False)
+    world.reconcile()
+    assert (world.status["phase"], world.status["reason"]) == ("Rescaling", "Completing"), world.status
+
+
+def test_a_worker_that_exits_0_while_evicted_is_not_finishing() -> None:
+    world = running(World(job()))
+    victim = naming.worker_pod_name("demo", 0)
+    world.terminate(victim, 0, reason="Completed", terminal=False)
+    world.disrupt(victim)
+    world.reconcile()
+    assert world.status["reason"] != "Completing", world.status

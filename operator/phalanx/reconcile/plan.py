@@ -762,6 +762,17 @@ class _Pass:
         minimum, wanted = self.spec.workers.min, self.spec.workers.desired
         active = [pod for pod in current if pod.active]
         ready = [pod for pod in active if pod.ready]
+        finishing = [pod for pod in active if pod.exit_code == 0 and pod.disruption_reason is None]
+        if finishing:
+            # A worker's container exited 0 and the kubelet has yet to mark its pod Succeeded, or its
+            # peers are still shutting down: training is ending, not starting again.
+            previous = self.job.status.phase
+            others = len(active) - len(finishing)
+            return PhaseView(
+                previous if previous in TRAINING else "Running",
+                "Completing",
+                f"{finishing[0].name} finished training; waiting for {others} other worker(s) to finish",
+            )
         if len(ready) >= minimum and store is not None and store.ready:
             if self.memory.start_time is None:
                 self.memory.start_time = format_time(self.now)
