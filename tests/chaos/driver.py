@@ -859,10 +859,13 @@ class ChaosRun:
         self.cluster.set_node_not_ready(node, not_ready=False, wait=True)
         self.flapping.pop(node, None)
         if self.broken_nodes.pop(node, None) is not None:
+            # a job that ended meanwhile replaces nothing: its pods get their grace, then stop
+            ended = {job.uid for job in self.jobs if job.done or job.last_phase in ("Succeeded", "Failed")}
             stayed = [
                 pod["metadata"]["name"]
                 for pod in self._live_pods_on({node})
                 if pod["metadata"]["uid"] in self.broken_pods.get(node, set())
+                and not any(r.get("uid") in ended for r in pod["metadata"].get("ownerReferences") or [])
             ]
             if stayed:
                 self.violate(
@@ -1238,6 +1241,19 @@ class ChaosRun:
             and any(r.get("uid") == job.uid for r in p["metadata"].get("ownerReferences") or [])
         ]
 
+    def _warnings_of(self, job: Job) -> list[str]:
+        """The job's Warning Events, oldest first (what a violation of its count needs to be read)."""
+        assert self.api is not None
+        try:
+            events = self.api.call(
+                "GET",
+                f"/api/v1/namespaces/{NAMESPACE}/events?fieldSelector=involvedObject.name%3D{job.name},type%3DWarning",
+            )
+        except (urllib.error.URLError, OSError) as error:
+            return [f"(Events not read: {error})"]
+        items = sorted(events.get("items") or [], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return [f"{e.get('reason')}: {(e.get('message') or '')[:160]}" for e in items]
+
     def _stable(self, body: dict[str, Any], workers: list[dict[str, Any]], desired: int) -> bool:
         status = body.get("status") or {}
         if status.get("phase") != "Running" or status.get("workerSummary") != f"{desired}/{desired}":
@@ -1263,7 +1279,11 @@ class ChaosRun:
         if body is not None:
             job.last_phase, job.last_reason = status.get("phase"), status.get("reason")
             if int(status.get("restarts", 0)) > job.expected_restarts:
-                self.violate(f"{job.name}: restarts {status.get('restarts')} > {job.expected_restarts} injected")
+                self.violate(
+                    f"{job.name}: restarts {status.get('restarts')} > {job.expected_restarts} injected; "
+                    f"restartsByReason {status.get('restartsByReason')}, attempt {status.get('attempt')}; "
+                    f"counted by the job's Warning Events {self._warnings_of(job)}"
+                )
                 job.expected_restarts = int(status["restarts"])  # report each excess once
             exhausting = job.story.end == "exhaust" and job.wait is not None and job.wait.gone
             if status.get("phase") == "Failed" and not exhausting:
