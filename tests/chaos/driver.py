@@ -240,6 +240,7 @@ class Report:
     watch_cuts: int = 0
     node_faults: int = 0
     flaps: int = 0
+    overrun_short_faults: int = 0  # flaps and brownouts the driver could end only past the node-lost grace
     brownouts: int = 0
     brownout_nodes: int = 0
     jobs_held: int = 0
@@ -280,6 +281,7 @@ class Report:
             "brownouts": self.brownouts,
             "brownout_nodes": self.brownout_nodes,
             "jobs_held_through_a_fault": self.jobs_held,
+            "holds_unjudged_as_a_short_fault_overran": self.overrun_short_faults,
             "hostile_acts": dict(sorted(self.hostile_acts.items())),
             "hostile_pages_served": self.hostile_pages_served,
             "pods_force_deleted": self.force_deletes,
@@ -366,6 +368,7 @@ class ChaosRun:
         self.broken_pods: dict[str, set[str]] = {}  # node -> uids of the pods that ran there when it broke
         self.flapping: dict[str, float] = {}  # nodes in a short NotReady flap, and when each heals
         self.browned: tuple[list[str], float] | None = None  # nodes Unknown in a brownout, when they return
+        self.unready_since: dict[str, float] = {}  # nodes of a flap or brownout, and when it began
         self.acts: list[Act] = []
         self.memory_reported: set[str] = set()
         self.pods_seen: dict[str, dict[str, Any]] = {}  # pod name -> the pod as last seen
@@ -579,6 +582,9 @@ class ChaosRun:
         if fault == "cut":
             self.report.watch_cuts += 1
             self.say(f"cut {sum(replica.proxy.cut_watches() for replica in self.replicas)} watch streams")
+        elif fault in ("apiserver", "relist") and (self.flapping or self.browned is not None):
+            # either can hold the driver for many seconds, and a flap or brownout must end on time
+            return False
         elif fault == "apiserver":
             took = self.cluster.restart_apiserver()
             self.report.apiserver_restarts += 1
@@ -800,6 +806,7 @@ class ChaosRun:
         seconds = self.rng.uniform(*FLAP_SECONDS)
         self.cluster.set_node_not_ready(node, wait=False)
         self.flapping[node] = time.monotonic() + seconds
+        self.unready_since[node] = time.monotonic()
         self.report.flaps += 1
         held = self._hold_jobs_on(
             {node}, f"node {node} NotReady for {seconds:.1f}s (grace {NODE_LOST_GRACE}s)", seconds
@@ -826,6 +833,7 @@ class ChaosRun:
             "lastTransitionTime": now,
         }
         self.browned = (nodes, time.monotonic() + BROWNOUT_SECONDS)
+        self.unready_since.update(dict.fromkeys(nodes, time.monotonic()))
         for node in nodes:
             self.cluster.set_node_lost(node)  # KWOK stops its heartbeats and Lease
         for node in nodes:
@@ -851,6 +859,8 @@ class ChaosRun:
             self.cluster.set_node_lost(node, lost=False)
         self.cluster.wait_nodes_ready(nodes)
         self.browned = None
+        for node in nodes:
+            self.unready_since.pop(node, None)
         self.say(f"brownout over: {len(nodes)} nodes Ready again")
 
     def _heal(self, node: str) -> None:
@@ -858,6 +868,7 @@ class ChaosRun:
         assert self.cluster is not None
         self.cluster.set_node_not_ready(node, not_ready=False, wait=True)
         self.flapping.pop(node, None)
+        self.unready_since.pop(node, None)
         if self.broken_nodes.pop(node, None) is not None:
             # a job that ended meanwhile replaces nothing: its pods get their grace, then stop
             ended = {job.uid for job in self.jobs if job.done or job.last_phase in ("Succeeded", "Failed")}
@@ -921,12 +932,21 @@ class ChaosRun:
 
     def _check_holds(self, jobs: dict[str, dict[str, Any]], pods: list[dict[str, Any]]) -> None:
         now = time.monotonic()
+        # A flap or brownout the driver could not end before the node-lost grace (held up by a slow
+        # request) is a node loss by then: the operator is right to act on it.
+        overran = {node for node, since in self.unready_since.items() if now - since > NODE_LOST_GRACE - 1}
         for job in self.jobs:
             hold = job.hold
             if hold is None:
                 continue
             if job.done or set(hold.pods.values()) & set(self.broken_nodes):
                 job.hold = None  # ended by its story, or a fault that may touch it came: no verdict
+                continue
+            late = set(hold.pods.values()) & overran
+            if late:
+                job.hold = None
+                self.report.overrun_short_faults += 1
+                self.say(f"{job.name}: no verdict, {', '.join(sorted(late))} stayed unready past the grace")
                 continue
             body = jobs.get(job.name)
             status = (body or {}).get("status") or {}
