@@ -271,7 +271,8 @@ def judge_pod_security(
             return problem(
                 "pod security",
                 f"namespace {namespace} enforces Pod Security {level} and refuses {pod}: {why}; give the template a "
-                "securityContext that meets it (docs/worker.md), or use another namespace",
+                "securityContext that meets it (for restricted: runAsNonRoot, seccompProfile RuntimeDefault, and in "
+                "each container allowPrivilegeEscalation false and capabilities drop ALL), or use another namespace",
             )
         return problem("admission", f"namespace {namespace} refuses {pod}: {why}")
     if untried is not None:
