@@ -8,7 +8,7 @@ CACHE ?= $(or $(PHALANX_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/phalan
 WHEELS := $(CACHE)/wheels
 TORCH ?= torch==2.13.0
 
-.PHONY: venv torch binaries quickstart-binaries packages images quickstart-images up down lint typecheck unit integration e2e test crd clean
+.PHONY: venv torch binaries first-binaries quickstart-binaries packages images quickstart-images up down lint typecheck unit integration e2e test crd clean
 
 $(BIN)/phalanx: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ QUICKSTART_MODULES := kubernetes etcd coredns
 
 quickstart-binaries:  ## only the Go programs `make up` runs
 	tests/cluster/build-binaries.sh $(QUICKSTART_MODULES)
+
+# `make test` builds first what most tiers run; the programs only a few test modules need (marked
+# late_binaries, which run last) are built beside the first tests, at nice 19.
+FIRST_MODULES := kubernetes etcd kwok coredns helm
+LATE_MODULES := scheduler-plugins kueue prometheus gitops-checks
+LATE_LOG := $(CACHE)/late-binaries.log
+
+first-binaries:  ## the Go programs every tier but the late_binaries modules needs
+	tests/cluster/build-binaries.sh $(FIRST_MODULES)
 
 packages:  ## Debian packages of the real node: containerd, runc, CNI plugins, debootstrap, ...
 	tests/cluster/node/install-packages.sh
@@ -79,9 +88,17 @@ e2e: torch binaries images
 
 # The Go builds take the CPUs for most of a fresh machine's set-up; the venv, torch (GBs from the
 # index), the node's packages and the images wait on the network meanwhile, so they run beside them.
+# The late modules' builder runs in a session of its own, so that its go processes stop with it; a
+# late_binaries test that comes before it is done waits for it (build-binaries.sh's lock).
 test:  ## everything CI runs: unit, integration (control plane + KWOK), e2e (real node)
-	$(MAKE) --no-print-directory --jobs=3 --output-sync=target lint typecheck binaries images
-	$(BIN)/pytest tests
+	$(MAKE) --no-print-directory --jobs=3 --output-sync=target lint typecheck first-binaries images
+	@mkdir -p $(CACHE); echo "building $(LATE_MODULES) beside the tests (log: $(LATE_LOG))"; \
+	setsid nice -n 19 tests/cluster/build-binaries.sh $(LATE_MODULES) > $(LATE_LOG) 2>&1 & builder=$$!; \
+	trap 'kill -- -$$builder 2>/dev/null' EXIT; trap 'kill -- -$$builder 2>/dev/null; exit 130' INT TERM; \
+	$(BIN)/pytest tests; status=$$?; \
+	wait $$builder || { status=1; echo "the late binaries failed to build:"; tail -n 40 $(LATE_LOG); }; \
+	grep 'build-binaries: built\|build-binaries: done' $(LATE_LOG) || true; \
+	exit $$status
 
 clean:
 	rm -rf $(VENV) build dist .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -18,6 +18,11 @@ pytest_plugins = ["pytester"]
 CI_TIERS = ("integration", "e2e", "realnode", "chaos", "gang")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # `make test` builds their Go programs beside the first tests (the Makefile's LATE_MODULES)
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("late_binaries") is not None)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
     outcome = yield

@@ -25,7 +25,7 @@ from tests.integration.operator_process import OperatorProcess
 from tests.integration.scenario import POOL_LABEL, TRAINER, status, wait_status
 from tests.unit.jobs import manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.gang]
+pytestmark = [pytest.mark.integration, pytest.mark.gang, pytest.mark.late_binaries]
 
 GANG_GPU = "gang.phalanx.dev/gpu"
 
