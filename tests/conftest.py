@@ -9,6 +9,7 @@ install step must not pass as green. A test that may skip in CI on purpose says 
 from __future__ import annotations
 
 import os
+import pathlib
 from collections.abc import Generator
 
 import pytest
@@ -16,11 +17,16 @@ import pytest
 pytest_plugins = ["pytester"]
 
 CI_TIERS = ("integration", "e2e", "realnode", "chaos", "gang")
+UNIT_TIER = pathlib.Path(__file__).parent / "unit"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # `make test` builds their Go programs beside the first tests (the Makefile's LATE_MODULES)
-    items[:] = sorted(items, key=lambda item: item.get_closest_marker("late_binaries") is not None)
+    # `make test` builds their Go programs beside the first tests (the Makefile's LATE_MODULES): they
+    # run after the other cluster tiers, before the unit tier (whose tests start operators in-process)
+    def place(item: pytest.Item) -> tuple[bool, bool]:
+        return item.path.is_relative_to(UNIT_TIER), item.get_closest_marker("late_binaries") is not None
+
+    items[:] = sorted(items, key=place)
 
 
 @pytest.hookimpl(hookwrapper=True)

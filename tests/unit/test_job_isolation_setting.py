@@ -66,8 +66,11 @@ def test_network_policies_are_watched_only_when_jobs_get_them(monkeypatch: pytes
 
 def test_phalanx_run_takes_its_own_flag_and_hands_the_rest_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     handed: list[list[str]] = []
-    for name in (JOB_NETWORK_POLICY, WATCH_NAMESPACES):  # run() sets them: restored after the test
-        monkeypatch.delenv(name, raising=False)
+    for name in (JOB_NETWORK_POLICY, WATCH_NAMESPACES):
+        # run() sets them: setenv records their state before the test (delenv of an absent variable
+        # records nothing), so both are undone after it and no later test's operator inherits them
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.setattr("kopf.cli.main", lambda args, standalone_mode: handed.append(list(args)))
     run_command.run(["--standalone", "--job-network-policy", "-A"])
     assert handed == [["run", "-m", "phalanx.handlers", "--standalone", "-A"]]
