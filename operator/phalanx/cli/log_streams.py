@@ -273,8 +273,11 @@ class FollowedLogs:
                         self.note(f"{self.ended}: stopped following {len(running)} worker(s) still running")
                         return
                     wait = (SETTLE_SECONDS if since < SETTLE_SECONDS else DRAIN_SECONDS) - since
+                # asyncio.timeout, not wait_for: 3.11's wait_for swallows a Ctrl-C that lands just as
+                # the event is set, and following would go on
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), wait)
+                    async with asyncio.timeout(wait):
+                        await self._changed.wait()
         finally:
             for task in self.streams.values():
                 task.cancel()

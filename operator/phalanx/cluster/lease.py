@@ -213,7 +213,9 @@ class LeaderElector:
         while True:
             await asyncio.sleep(self.timing.retry)
             try:
-                renewed = await asyncio.wait_for(self.try_acquire_or_renew(), self.timing.renew_deadline)
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a stop's cancellation
+                async with asyncio.timeout(self.timing.renew_deadline):
+                    renewed = await self.try_acquire_or_renew()
             except Exception as error:  # a failed renewal, whatever failed: never hold on without one
                 logger.warning("renewing lease %s/%s: %s", self.namespace, self.name, error)
                 renewed = False
