@@ -344,3 +344,20 @@ def test_durations(text: str, seconds: int) -> None:
 def test_durations_that_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="invalid duration"):
         parse_duration(text)
+
+
+async def test_a_ctrl_c_that_lands_as_a_draining_follower_wakes_ends_it() -> None:
+    # Python 3.11's wait_for returned the awaited result and dropped a cancellation that came with
+    # it: following went on after Ctrl-C until the workers' streams ended
+    streams = Streams()
+    harness = Harness(streams, job())
+    harness.followed.initial_pods([worker(0)])
+    running = harness.start()
+    await settle()
+    harness.followed.job_changed(job("Succeeded"))  # draining: the follower waits with a timeout
+    await settle()
+    harness.followed.job_changed(job("Succeeded"))  # wakes it, and in the same turn of the loop:
+    running.cancel()
+    await settle()
+    assert running.done(), "the follower ignored the cancellation"
+    streams.put("w0-a0", None)
