@@ -220,4 +220,6 @@ def test_a_gang_that_stops_stepping_is_restarted_from_its_checkpoint(
     assert final["restarts"] == 1 and final["attempt"] == 1
     text = logs(kubectl, namespace, "hang-worker-0")
     assert "attempt=1 rank=" in text and "resumed_from=10" in text, text  # from the step-10 checkpoint
-    assert "done rank=" in text
+    # the last step ran; "done" may never be printed: the operator stops the pods once rank 0 has
+    # recorded completion, which can be before its last print
+    assert "attempt=1 step=30 " in text

@@ -134,6 +134,12 @@ async def api(tmp_path: pathlib.Path) -> AsyncIterator[tuple[FakeApi, pathlib.Pa
         yield fake, path
 
 
+def _interruptible() -> None:
+    # A run started in the background (`make test &`, nohup) ignores SIGINT, and an ignored signal is
+    # inherited: Python would never turn the test's Ctrl-C into KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 async def start(kubeconfig: pathlib.Path, *args: str) -> asyncio.subprocess.Process:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -150,6 +156,7 @@ async def start(kubeconfig: pathlib.Path, *args: str) -> asyncio.subprocess.Proc
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        preexec_fn=_interruptible,
     )
 
 
