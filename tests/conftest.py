@@ -9,22 +9,67 @@ install step must not pass as green. A test that may skip in CI on purpose says 
 from __future__ import annotations
 
 import os
-import pathlib
 from collections.abc import Generator
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 pytest_plugins = ["pytester"]
 
 CI_TIERS = ("integration", "e2e", "realnode", "chaos", "gang")
-UNIT_TIER = pathlib.Path(__file__).parent / "unit"
+
+# `make test` runs the suite in two pytest-xdist workers, its tests in these groups (xdist's scopes):
+# every module on the session's shared KWOK cluster in one group; every module that runs the real
+# node in another (one kubelet per host: they never overlap); each module that brings a cluster of
+# its own (the chaos tier, the kind-path test) and each unit module on its own. One worker takes the
+# KWOK group, the other the real node's, then the rest go, in this order, to whichever is free. Each
+# group mostly waits on its cluster, so two cores carry both.
+KWOK_GROUP = "kwok-cluster"
+REAL_NODE_GROUP = "real-node"
+OWN_CLUSTER_MODULES = ("tests/chaos/", "tests/integration/test_attached_cluster.py")
+
+
+def scope_of(nodeid: str) -> str:
+    """The xdist scope of a test, from its node id (all the scheduler sees)."""
+    module = nodeid.split("::", 1)[0]
+    if module.startswith(("tests/e2e/", "tests/integration/test_real_node")):
+        return REAL_NODE_GROUP
+    if module.startswith("tests/integration/") and not module.startswith(OWN_CLUSTER_MODULES):
+        return KWOK_GROUP
+    return module
+
+
+def group_rank(scope: str) -> int:
+    """KWOK group, real node's, own clusters', unit modules: the order xdist hands them out."""
+    order = (KWOK_GROUP, REAL_NODE_GROUP)
+    return order.index(scope) if scope in order else 2 if scope.startswith(OWN_CLUSTER_MODULES) else 3
+
+
+class TierScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    def _split_scope(self, nodeid: str) -> str:
+        return scope_of(nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> TierScheduling:
+    config.option.loadscopereorder = False  # groups go out in collection order (below)
+    return TierScheduling(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # `make test` builds their Go programs beside the first tests (the Makefile's LATE_MODULES): they
-    # run after the other cluster tiers, before the unit tier (whose tests start operators in-process)
-    def place(item: pytest.Item) -> tuple[bool, bool]:
-        return item.path.is_relative_to(UNIT_TIER), item.get_closest_marker("late_binaries") is not None
+    for item in items:
+        if item.get_closest_marker("realnode") and scope_of(item.nodeid) != REAL_NODE_GROUP:
+            raise pytest.UsageError(
+                f"{item.nodeid} runs the real node: put it under tests/e2e/ or name its module "
+                "tests/integration/test_real_node_*.py, so that no other real-node test runs beside it"
+            )
+
+    # The groups in group_rank's order (xdist hands them out in the order of their first tests).
+    # `make test` builds the late_binaries modules' Go programs beside the first tests (the
+    # Makefile's LATE_MODULES): they come after the other cluster tiers' tests, before the unit tier.
+    def place(item: pytest.Item) -> tuple[bool, bool, int]:
+        rank = group_rank(scope_of(item.nodeid))
+        return rank == 3, item.get_closest_marker("late_binaries") is not None, rank
 
     items[:] = sorted(items, key=place)
 

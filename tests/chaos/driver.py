@@ -400,9 +400,9 @@ class ChaosRun:
                 self._grant_cluster_scope(kubectl, identity)
                 for name in "abcdefgh"[: self.config.replicas]:
                     proxy = stack.enter_context(FaultProxy(cluster.server, cluster.server_ca))
-                    via = proxy.kubeconfig(identity, self.workdir / f"via-proxy-{name}.kubeconfig")
+                    via = self.workdir / f"via-proxy-{name}.kubeconfig"  # written by each run's start
                     process = OperatorProcess(via, self.workdir / f"operator-{name}.log", extra_env=self._env(name))
-                    replica = Replica(name, proxy, process)
+                    replica = Replica(name, proxy, identity, process)
                     proxy.observe(functools.partial(self._sent, replica))
                     self.replicas.append(replica)
                 for replica in self.replicas:
@@ -483,7 +483,7 @@ class ChaosRun:
         """A proxy's observer (in its thread): file each mutating request, follow the Lease."""
         if not request.mutating:
             return
-        process = replica.run_at(request.connection_since)  # a dead run's last requests arrive late
+        process = replica.run_of(request)  # a dead run's last requests may arrive after the next began
         holder = None
         if request.resource == "leases":
             body = request.json() or {}

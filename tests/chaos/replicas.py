@@ -1,45 +1,47 @@
 """Operator replicas of the chaos tier: each one a `phalanx run` process behind a fault proxy of
 its own, so that what each sent is known by sender (``tests/chaos/audit.py``).
 
-    replica = Replica("a", proxy, OperatorProcess(...))
+    replica = Replica("a", proxy, identity, OperatorProcess(...))
     with replica:                    # started; stopped by its PID at the end
-        replica.run_at(t)            # "a#2": which of its processes ran at monotonic time t (a
-                                     # request's connection_since: when its connection was first used)
+        replica.run_of(request)      # "a#2": which of its processes sent a request its proxy got
         replica.memory()             # (VmRSS, VmHWM) in MiB of the live process, None if none
         replica.restart()            # after a kill or an exit, as a Deployment would
 """
 
 from __future__ import annotations
 
-import bisect
 import pathlib
-import time
 from types import TracebackType
 
-from tests.cluster.faultproxy import FaultProxy
+from tests.cluster.faultproxy import FaultProxy, Request
 from tests.integration.operator_process import OperatorProcess
 
 
 class Replica:
     """See the module docstring."""
 
-    def __init__(self, name: str, proxy: FaultProxy, process: OperatorProcess) -> None:
+    def __init__(self, name: str, proxy: FaultProxy, identity: pathlib.Path, process: OperatorProcess) -> None:
         self.name = name
         self.proxy = proxy
+        self.identity = identity  # the kubeconfig (a token user) each run's is made from
         self.process = process
-        self._starts: list[float] = []  # monotonic, when each run began (before its process existed)
+        self._runs: dict[int, str] = {}  # the proxy's port each run talks to -> "a#2"
 
     def _begin(self) -> None:
-        self._starts.append(time.monotonic())
+        # Each run gets a port of the proxy for itself, in the kubeconfig it starts with: a request
+        # is known by the port it came by, also when it reached the proxy after its sender died
+        # (time, on a busy host, would name the next run).
+        url = self.proxy.listen()
+        self.proxy.kubeconfig(self.identity, self.process.kubeconfig, url)
+        self._runs[int(url.rsplit(":", 1)[1])] = f"{self.name}#{len(self._runs) + 1}"
 
-    def run_at(self, moment: float) -> str:
-        """The run that opened a connection first used at ``moment``: a run's connections all open
-        after it began and before the next began (the next starts only once this one was reaped)."""
-        return f"{self.name}#{max(1, bisect.bisect_right(self._starts, moment))}"
+    def run_of(self, request: Request) -> str:
+        """Which run sent ``request`` (by the proxy's port it came by)."""
+        return self._runs[request.port]
 
     @property
     def current(self) -> str:
-        return f"{self.name}#{len(self._starts)}"
+        return f"{self.name}#{len(self._runs)}"
 
     def restart(self) -> None:
         if self.process.process is not None:

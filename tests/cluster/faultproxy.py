@@ -3,6 +3,7 @@ networks and API servers break, at chosen moments.
 
     proxy = FaultProxy(cluster.server, cluster.ca_cert).start()   # plain HTTP on 127.0.0.1
     kubeconfig = proxy.kubeconfig(identity, tmp_path / "via-proxy.kubeconfig")
+    url = proxy.listen()                               # one more port: requests say which they came by
     proxy.cut_watches()                                # every open watch stream ends at once
     proxy.lose_response(lambda r: r.method == "POST" and r.resource == "events")
     proxy.after(lambda r: r.status_write, kill_operator) # after the server applied it, before the reply
@@ -14,7 +15,7 @@ networks and API servers break, at chosen moments.
 
 It runs an aiohttp server in a thread of its own, forwards every request over TLS (trusting the
 cluster CA; the client's bearer token passes through) and streams watch responses chunk by chunk.
-Nothing on the host is touched beyond the loopback port it listens on.
+Nothing on the host is touched beyond the loopback ports it listens on.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import random
 import ssl
 import threading
 import time
-import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,9 +49,7 @@ class Request:
     query: dict[str, str]
     body: bytes = b""
     received: float = 0.0  # time.monotonic() when the proxy got it
-    # when the proxy got the first request of the client's connection: a request that reached the
-    # proxy after its sender died (it was on its way) is known by its connection's age
-    connection_since: float = 0.0
+    port: int = 0  # the proxy's port it came by (``listen``): who sent it, however late it arrived
 
     @property
     def watch(self) -> bool:
@@ -125,7 +123,6 @@ class FaultProxy:
         self._delay: list[tuple[Predicate, float, list[int]]] = []
         self._latency: tuple[float, float] | None = None
         self._observers: list[Observer] = []
-        self._connections: weakref.WeakKeyDictionary[asyncio.BaseTransport, float] = weakref.WeakKeyDictionary()
         self._random = random.Random()
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -201,11 +198,18 @@ class FaultProxy:
             self._delay.clear()
             self._latency = None
 
-    def kubeconfig(self, via: Path, path: Path) -> Path:
-        """A copy of kubeconfig ``via`` (a token user) that talks to the API server through this proxy."""
+    def listen(self) -> str:
+        """Listen on one more port, and return its URL: a client given a port of its own is known
+        by it (``Request.port``), even for a request that reaches the proxy after the client died."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(30)
+
+    def kubeconfig(self, via: Path, path: Path, url: str | None = None) -> Path:
+        """A copy of kubeconfig ``via`` (a token user) that talks to the API server through this
+        proxy (by ``url``, one of its ports; the first by default)."""
         config = yaml.safe_load(via.read_text())
         for cluster in config["clusters"]:
-            cluster["cluster"] = {"server": self.url}
+            cluster["cluster"] = {"server": url or self.url}
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)
         return path
@@ -230,10 +234,14 @@ class FaultProxy:
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1)
         await self._runner.setup()
+        self.url = await self._listen()
+
+    async def _listen(self) -> str:
+        assert self._runner is not None
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://127.0.0.1:{port}"
+        return f"http://127.0.0.1:{port}"
 
     async def _shutdown(self) -> None:
         await self._cut()
@@ -271,9 +279,10 @@ class FaultProxy:
     async def _forward(self, incoming: web.Request) -> web.StreamResponse:
         assert self._session is not None
         received = time.monotonic()
-        since = received if incoming.transport is None else self._connections.setdefault(incoming.transport, received)
+        sockname = None if incoming.transport is None else incoming.transport.get_extra_info("sockname")
+        port = sockname[1] if sockname else 0
         body = await incoming.read()
-        request = Request(incoming.method, incoming.path, dict(incoming.query), body, received, since)
+        request = Request(incoming.method, incoming.path, dict(incoming.query), body, received, port)
         with self._lock:
             self.requests[(request.verb, request.resource)] += 1
             latency = self._latency

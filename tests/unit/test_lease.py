@@ -233,3 +233,33 @@ async def test_a_leader_stalled_past_its_renew_deadline_writes_nothing_until_it_
     await write()
     assert len(backend.writes) == len(sent) + 1
     await a.client.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "checks_before_it_closes"),
+    [
+        ("POST", {}, 1),  # closes while a connection is taken
+        ("POST", {}, 2),  # closes in the event loop's turn before the body goes out
+        ("DELETE", None, 1),  # no body: the connection's check is the last
+    ],
+)
+async def test_a_fence_that_closes_on_the_way_out_stops_the_write_before_any_byte_is_sent(
+    store: tuple[LeaseStore, ApiClient], method: str, body: dict[str, Any] | None, checks_before_it_closes: int
+) -> None:
+    """The Lease lapses (the process stalls or is frozen) after the write passed the first checks."""
+    backend, client = store
+    asked = 0
+
+    def fence() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked <= checks_before_it_closes
+
+    client.fence = fence
+    with pytest.raises(NotLeadingError):
+        await client.request(method, "/api/v1/namespaces/ops/events/e", body=body)
+    assert backend.writes == []  # the server saw no request at all
+    assert asked == checks_before_it_closes + 1
+    client.fence = lambda: True  # the client is still good: its connection was released or closed
+    await client.request(method, "/api/v1/namespaces/ops/events/e", body=body)
+    assert backend.writes == [f"{method} /api/v1/namespaces/ops/events/e"]

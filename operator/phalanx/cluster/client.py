@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import ssl
@@ -64,6 +65,48 @@ class ApiError(Exception):
 
 class NotLeadingError(Exception):
     """A write refused before it was sent: this replica does not hold a currently valid Lease."""
+
+
+# The fence is asked three times for each write: with a request slot in hand, again once aiohttp
+# has handed out a connection (waiting for one, or opening one, lets other coroutines run for as
+# long as they take), and last as the body's first bytes go out (aiohttp sends a body, with the
+# request line and headers it held back, from a task of its own: one more turn of the event loop).
+# After the last check nothing awaits before the bytes are in the socket, so a replica stalled or
+# frozen at any await on the way sends nothing once the fence has closed.
+FenceCheck = Callable[[str, str], None]  # (method, path) -> None, or raises NotLeadingError
+
+
+class FencedBody(aiohttp.BytesPayload):
+    """A write's JSON body that asks the fence once more as it is written (see above)."""
+
+    def __init__(self, value: bytes, content_type: str, check: Callable[[], None]) -> None:
+        super().__init__(value, content_type=content_type)
+        self._check = check
+
+    async def write(self, writer: Any) -> None:
+        self._check()
+        await super().write(writer)
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        self._check()
+        await super().write_with_length(writer, content_length)
+
+
+class FencedConnector(aiohttp.TCPConnector):
+    """Asks the fence once a connection is in hand, for writes (see above)."""
+
+    def __init__(self, check: FenceCheck, **options: Any) -> None:
+        super().__init__(**options)
+        self._check = check
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: ASYNC109 - aiohttp's signature
+        connection = await super().connect(req, traces, timeout)
+        try:
+            self._check(req.method, req.url.path)
+        except NotLeadingError:
+            connection.release()  # nothing was written on it: it stays good for the next request
+            raise
+        return connection
 
 
 def api_error(status: int, text: str) -> ApiError:
@@ -172,8 +215,9 @@ class RequestSlots:
 class ApiClient:
     """JSON requests with a cap on concurrency and retries on throttling and server errors.
 
-    ``fence``, when set, is asked right before each write (any method but GET) is sent, slot in
-    hand, and again before each retry: a write it refuses raises ``NotLeadingError`` unsent."""
+    ``fence``, when set, is asked before each write (any method but GET) and each of its retries,
+    slot in hand, then twice more on its way out (``FenceCheck``): a write it refuses raises
+    ``NotLeadingError`` unsent."""
 
     def __init__(
         self,
@@ -218,7 +262,7 @@ class ApiClient:
         return aiohttp.ClientSession(
             base_url=self.credentials.server.rstrip("/"),
             headers=headers,
-            connector=aiohttp.TCPConnector(ssl=context, limit=limit),
+            connector=FencedConnector(self._check_fence, ssl=context, limit=limit),
             timeout=timeout,
             proxy=self.credentials.proxy,
             trust_env=self.credentials.proxy is None,  # HTTPS_PROXY / NO_PROXY, as kubectl
@@ -235,6 +279,10 @@ class ApiClient:
         if self._watch_session is None:
             self._watch_session = self._new_session(0, aiohttp.ClientTimeout(total=None))
         return self._watch_session
+
+    def _check_fence(self, method: str, path: str) -> None:
+        if self.fence is not None and method != "GET" and not self.fence():
+            raise NotLeadingError(f"{method} {path} not sent: this replica does not hold the leader Lease")
 
     def _headers(self, credentials: Credentials) -> dict[str, str]:
         return {"Authorization": f"Bearer {credentials.token}"} if credentials.token else {}
@@ -327,7 +375,7 @@ class ApiClient:
         processed too: the login is asked for new credentials once and the request sent again.
         A write the ``fence`` refuses raises ``NotLeadingError`` without being sent.
         """
-        data = None if body is None else json.dumps(body, separators=(",", ":"))
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         content = {"Content-Type": content_type} if data is not None else {}
         repeatable = method != "POST" if idempotent is None else idempotent
         relogged = False
@@ -337,12 +385,12 @@ class ApiClient:
             headers = {**content, **self._headers(credentials)}
             await self.slots.acquire(background=background)
             try:
-                # as late as this code can ask: only taking a pooled connection lies between the two
-                if self.fence is not None and method != "GET" and not self.fence():
-                    raise NotLeadingError(f"{method} {path} not sent: this replica does not hold the leader Lease")
+                self._check_fence(method, path)  # asked twice more on the way out (FenceCheck)
                 self.requests += 1
+                check = functools.partial(self._check_fence, method, path)
+                payload = None if data is None else FencedBody(data, content_type, check)
                 async with session.request(
-                    method, path, params=params, data=data, headers=headers, **self._options()
+                    method, path, params=params, data=payload, headers=headers, **self._options()
                 ) as response:
                     text = await response.text()
                     status = response.status
@@ -354,6 +402,8 @@ class ApiClient:
                 wait: float | None = delay
                 logger.debug("%s %s: cannot connect (%s), retry %d", method, path, error, attempt + 1)
             except (TimeoutError, aiohttp.ClientConnectionError) as error:
+                if isinstance(error.__cause__, NotLeadingError):
+                    raise error.__cause__ from None  # the body's check: nothing was sent
                 if delay is None or not repeatable:
                     raise
                 wait = delay
