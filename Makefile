@@ -89,7 +89,10 @@ e2e: torch binaries images
 # The Go builds take the CPUs for most of a fresh machine's set-up; the venv, torch (GBs from the
 # index), the node's packages and the images wait on the network meanwhile, so they run beside them.
 # The late modules' builder runs in a session of its own, so that its go processes stop with it; a
-# late_binaries test that comes before it is done waits for it (build-binaries.sh's lock).
+# late_binaries test that comes before it is done waits for it (build-binaries.sh's lock). A new
+# session is a new scheduler autogroup where the kernel has them (Debian's does): nice counts only
+# inside one, so the builder sets its whole group's nice to 19 too, or it would take half the CPUs
+# from the tests whatever its own nice.
 # The tests run in two pytest-xdist workers: the KWOK cluster's modules in one, the real node's, the
 # chaos tier and the unit modules in the other (tests/conftest.py's TierScheduling); each mostly
 # waits on its cluster. TEST_WORKERS=0 runs them in one process, one after another.
@@ -98,7 +101,8 @@ TEST_WORKERS ?= 2
 test:  ## everything CI runs: unit, integration (control plane + KWOK), e2e (real node)
 	$(MAKE) --no-print-directory --jobs=3 --output-sync=target lint typecheck first-binaries images
 	@mkdir -p $(CACHE); echo "building $(LATE_MODULES) beside the tests (log: $(LATE_LOG))"; \
-	setsid nice -n 19 tests/cluster/build-binaries.sh $(LATE_MODULES) > $(LATE_LOG) 2>&1 & builder=$$!; \
+	setsid sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; exec nice -n 19 "$$0" "$$@"' \
+	  tests/cluster/build-binaries.sh $(LATE_MODULES) > $(LATE_LOG) 2>&1 & builder=$$!; \
 	trap 'kill -- -$$builder 2>/dev/null' EXIT; trap 'kill -- -$$builder 2>/dev/null; exit 130' INT TERM; \
 	$(BIN)/pytest -n $(TEST_WORKERS) tests; status=$$?; \
 	wait $$builder || { status=1; echo "the late binaries failed to build:"; tail -n 40 $(LATE_LOG); }; \
