@@ -93,9 +93,9 @@ e2e: torch binaries images
 # session is a new scheduler autogroup where the kernel has them (Debian's does): nice counts only
 # inside one, so the builder sets its whole group's nice to 19 too, or it would take half the CPUs
 # from the tests whatever its own nice.
-# The tests run in two pytest-xdist workers: the KWOK cluster's modules in one, the real node's, the
-# chaos tier and the unit modules in the other (tests/conftest.py's TierScheduling); each mostly
-# waits on its cluster. TEST_WORKERS=0 runs them in one process, one after another.
+# The tests run in two pytest-xdist workers: the KWOK cluster's modules in one, the real node's in the
+# other, then the modules with clusters of their own and the unit modules on whichever is free
+# (tests/conftest.py's TierScheduling). TEST_WORKERS=0 runs them in one process, one after another.
 TEST_WORKERS ?= 2
 
 test:  ## everything CI runs: unit, integration (control plane + KWOK), e2e (real node)
