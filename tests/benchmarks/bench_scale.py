@@ -61,7 +61,8 @@ from tests.benchmarks.harness import commit, create_all, process_usage, rss_mib,
 from tests.cluster import binaries
 from tests.cluster.crds import cluster_crds
 from tests.cluster.kube import Kubectl
-from tests.cluster.localcluster import LocalCluster, free_port
+from tests.cluster.localcluster import LocalCluster
+from tests.cluster.ports import free_port
 from tests.integration.operator_process import OperatorProcess
 from tests.unit.jobs import job as parsed_job
 from tests.unit.jobs import manifest

@@ -32,7 +32,8 @@ import urllib.parse
 from typing import Any
 
 from tests.cluster import binaries as _binaries
-from tests.cluster.localcluster import ClusterError, LocalCluster, free_port
+from tests.cluster.localcluster import ClusterError, LocalCluster
+from tests.cluster.ports import free_port
 
 HOST_ADDRESS_ENV = "PHALANX_TEST_HOST_ADDRESS"
 

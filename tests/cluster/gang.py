@@ -35,7 +35,8 @@ import yaml
 
 from tests.cluster import binaries
 from tests.cluster.kube import Kubectl
-from tests.cluster.localcluster import ClusterError, LocalCluster, free_port
+from tests.cluster.localcluster import ClusterError, LocalCluster
+from tests.cluster.ports import free_port
 
 COSCHEDULING_SCHEDULER_NAME = "scheduler-plugins-scheduler"
 KUEUE_API = "kueue.x-k8s.io/v1beta2"

@@ -24,7 +24,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from typing import Any, Protocol
 import yaml
 
 from tests.cluster import binaries as _binaries
+from tests.cluster.ports import free_port
 
 HERE = pathlib.Path(__file__).resolve().parent
 KWOK_STAGE_FILES = (HERE / "kwok" / "node-stages.yaml", HERE / "kwok" / "pod-stages.yaml")
@@ -80,12 +80,6 @@ class ExtraComponent(Protocol):
 
 # --------------------------------------------------------------------------------------------
 # small helpers
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _proc_start_time(pid: int) -> str | None:

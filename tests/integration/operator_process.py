@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from tests.cluster.ports import free_port
 from tests.cluster.stop_on_exit import stopped_on_exit
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class OperatorProcess:
@@ -41,6 +35,8 @@ class OperatorProcess:
         self.kubeconfig = kubeconfig
         self.python_options = list(python_options)  # before `-m phalanx`: a profiler's `-m memray run -o F`
         self.log_path = log
+        # its temp dir, beside its log: a SIGKILLed run leaves its files there, not in the host's /tmp
+        self.temp_dir = log.with_name(f"{log.name}.tmp")
         self.namespaces = [namespace] if isinstance(namespace, str) else list(namespace or ())
         self.metrics_port = free_port()
         self.health_port = free_port()
@@ -72,6 +68,7 @@ class OperatorProcess:
         env = {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfig),
+            "TMPDIR": str(self.temp_dir),
             "PHALANX_METRICS_PORT": str(self.metrics_port),
             # the tiers install one gang scheduler's API: the other one is looked for every few
             # seconds, not every minute, so whatever that does to running jobs shows in every test
@@ -79,6 +76,7 @@ class OperatorProcess:
             **self.extra_env,
         }
         self.check_alive(expect=False)
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"--- phalanx run #{self.starts + 1} ---\n".encode())
             log.flush()

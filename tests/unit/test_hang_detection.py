@@ -13,9 +13,10 @@ from phalanx.cluster.cache import ChildCache, JobCache
 from phalanx.cluster.progress import ProgressPoller, parse_progress
 from phalanx.reconcile.observed import WorkerProgress
 from phalanx.worker.metrics import WorkerMetrics
+from tests.cluster.ports import free_port
 from tests.unit.jobs import job
 from tests.unit.simulation import World
-from tests.unit.test_progress import free_port, running_job_and_worker
+from tests.unit.test_progress import running_job_and_worker
 from tests.unit.text_page import TextPage
 
 DEADLINE = 300

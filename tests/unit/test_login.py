@@ -4,8 +4,12 @@ only when their credential expired or after a 401), proxies, certificates kept a
 from __future__ import annotations
 
 import base64
+import gc
+import os
 import pathlib
+import subprocess
 import sys
+import tempfile
 import textwrap
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -188,3 +192,28 @@ def test_a_refresh_keeps_inline_certificates_and_still_rotates_an_exec_token(
     assert (again.ca_data, again.certificate_data, again.private_key_data) == (ca, pem, pem)
     assert again == loaded
     by_certificate.close()
+
+
+def test_the_scratch_directory_goes_with_the_login_even_when_nobody_closes_it(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CLI command or a test that never calls ``close`` leaves no directory in the temp dir."""
+    path = kubeconfig(tmp_path / "config", {"token-user": {"token": "t"}})
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    dropped = Login(kubeconfig=str(path))
+    assert dropped.load().token == "t" and len(list(temp.iterdir())) == 1
+    del dropped
+    gc.collect()
+    assert list(temp.iterdir()) == []
+
+    closed = Login(kubeconfig=str(path))
+    closed.load()
+    closed.close()
+    closed.close()  # twice is harmless
+    assert list(temp.iterdir()) == []
+
+    exits = "from phalanx.cluster.login import Login; import sys; keep = Login(kubeconfig=sys.argv[1]); keep.load()"
+    subprocess.run([sys.executable, "-c", exits, str(path)], check=True, env={**os.environ, "TMPDIR": str(temp)})
+    assert list(temp.iterdir()) == []

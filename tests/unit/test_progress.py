@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,6 +15,7 @@ from phalanx.cluster.progress import ProgressError, ProgressPoller, parse_comple
 from phalanx.reconcile.observed import Completion, PodRecord, WorkerProgress
 from phalanx.reconcile.plan import status_changed
 from phalanx.worker.metrics import WorkerMetrics
+from tests.cluster.ports import free_port
 from tests.unit.jobs import job
 from tests.unit.simulation import START, World
 from tests.unit.text_page import TextPage
@@ -81,12 +81,6 @@ def test_the_lowest_ready_worker_of_the_current_attempt_reports() -> None:
     chosen = reporting_worker(pods, attempt=1)
     assert chosen is not None and chosen.name == "w-3"
     assert reporting_worker((worker(0, attempt=0),), attempt=1) is None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def running_job_and_worker(jobs: JobCache, children: ChildCache, *, ip: str, port: int) -> None:

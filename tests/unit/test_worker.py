@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from phalanx.worker.checkpoint import MARKER, CheckpointStore
 from phalanx.worker.session import Progress
+from tests.cluster.ports import free_port
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
@@ -133,14 +134,6 @@ def scrape(port: int) -> str:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return str(response.read().decode())
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def test_worker_metrics_are_served_and_gpu_series_are_absent_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:

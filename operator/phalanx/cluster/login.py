@@ -16,6 +16,7 @@ import logging
 import os
 import tempfile
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,9 @@ class Login:
     """True/False forces the service account or the kubeconfig; None chooses as kubectl would."""
     _configuration: Configuration | None = field(default=None, init=False, repr=False)
     _scratch: Path | None = field(default=None, init=False, repr=False)
+    _scratch_removal: weakref.finalize[[Path], Login] | None = field(default=None, init=False, repr=False)
+    """Removes the scratch directory when the Login is closed, collected, or the interpreter exits
+    (a CLI command or a unit test that never calls ``close``); only a SIGKILL leaves it behind."""
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _source: str = field(default="", init=False, repr=False)
     _kept: dict[str, bytes] = field(default_factory=dict, init=False, repr=False)
@@ -174,7 +178,10 @@ class Login:
 
     def _scratch_dir(self) -> Path:
         if self._scratch is None or not self._scratch.is_dir():
+            if self._scratch_removal is not None:
+                self._scratch_removal()
             self._scratch = Path(tempfile.mkdtemp(prefix="phalanx-login-"))
+            self._scratch_removal = weakref.finalize(self, _remove_scratch, self._scratch)
         return self._scratch
 
     def load(self) -> Credentials:
@@ -240,9 +247,13 @@ class Login:
     def close(self) -> None:
         """Remove the scratch directory and forget the TLS material."""
         self._kept.clear()
-        if self._scratch is not None:
-            with contextlib.suppress(OSError):
-                for child in self._scratch.iterdir():
-                    child.unlink()
-                self._scratch.rmdir()
-            self._scratch = None
+        if self._scratch_removal is not None:
+            self._scratch_removal()
+        self._scratch = self._scratch_removal = None
+
+
+def _remove_scratch(scratch: Path) -> None:
+    with contextlib.suppress(OSError):
+        for child in scratch.iterdir():
+            child.unlink()
+        scratch.rmdir()

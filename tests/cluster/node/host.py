@@ -7,7 +7,6 @@ import errno
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -100,13 +99,6 @@ def hash_inputs(*parts: str | bytes | Path) -> str:
             h.update(part)
         h.update(b"\0")
     return h.hexdigest()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def host_ip() -> str:

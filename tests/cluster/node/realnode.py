@@ -38,12 +38,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.cluster.ports import free_port
+
 from . import dockerfile_images, images
 from .containerd import Containerd, remove_empty_default_dirs
 from .host import (
     NODE_DIR,
     HostProcess,
-    free_port,
     host_ip,
     node_cache_dir,
     run,
