@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from phalanx.api import kubeflow
+from phalanx.conversion import kubeflow
 from tests.cluster import binaries
 from tests.cluster.kube import Kubectl, KubectlError
 from tests.unit.crd_validation import defaulted

@@ -21,7 +21,7 @@ from phalanx.cluster import client as client_module
 from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.login import Credentials, Login
-from phalanx.reconcile.plan import Event
+from phalanx.reconcile.actions import Event
 from tests.unit.local_server import serving
 
 

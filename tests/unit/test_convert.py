@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from phalanx.api import kubeflow, torchrun
 from phalanx.api.v1alpha1 import TrainingJob
 from phalanx.cli import main
+from phalanx.conversion import kubeflow, torchrun
 from phalanx.reconcile import desired, naming
 from phalanx.reconcile.environment import resolve_launch
 from tests.unit.crd_validation import defaulted, validate

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from phalanx.reconcile import naming
+from phalanx.reconcile.decide import NODE_CAPACITY_STAMP_SECONDS
 from phalanx.reconcile.observed import NodeLoss, QueuedWorkload
-from phalanx.reconcile.plan import NODE_CAPACITY_STAMP_SECONDS, backoff_seconds
+from phalanx.reconcile.restarts import backoff_seconds
 from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job, manifest
 from tests.unit.simulation import World

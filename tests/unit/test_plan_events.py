@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.reconcile.plan import worker_event_reason
+from phalanx.reconcile.restarts import worker_event_reason
 from tests.unit.jobs import job
 from tests.unit.simulation import World
 

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from phalanx.cluster.apply import RefusalMemory
 from phalanx.reconcile import desired, naming
+from phalanx.reconcile.creation import REFUSAL_RETRY_SECONDS, refusal_retry_at
 from phalanx.reconcile.environment import resolve_launch
 from phalanx.reconcile.observed import Completion, Refusal
-from phalanx.reconcile.plan import REFUSAL_RETRY_SECONDS, Plan, refusal_retry_at, unparsable
+from phalanx.reconcile.plan import Plan, unparsable
 from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job, manifest
 from tests.unit.simulation import START, World

@@ -23,7 +23,7 @@ class _Outcome:
 
 
 def _convert_all(args: argparse.Namespace, stdin: TextIO) -> _Outcome:
-    from phalanx.api import kubeflow
+    from phalanx.conversion import kubeflow
 
     outcome = _Outcome()
     for path in args.files:
@@ -101,7 +101,7 @@ def convert_command(args: argparse.Namespace, stdin: TextIO | None = None, stdou
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from phalanx.api.kubeflow import GANG_SCHEDULERS
+    from phalanx.conversion.kubeflow import GANG_SCHEDULERS
 
     parser = commands.add_parser(
         "convert",

@@ -23,7 +23,7 @@ import aiohttp
 
 from phalanx.api import v1alpha1 as api
 from phalanx.cluster.client import ApiClient, ApiError, NotLeadingError
-from phalanx.reconcile.plan import Event
+from phalanx.reconcile.actions import Event
 from phalanx.reconcile.status import format_time
 
 logger = logging.getLogger(__name__)

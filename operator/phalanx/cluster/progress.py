@@ -41,7 +41,7 @@ from phalanx.cluster.cache import ChildCache, JobCache, JobKey
 from phalanx.reconcile import naming
 from phalanx.reconcile.environment import WORKER_METRICS_PORT
 from phalanx.reconcile.observed import Completion, PodRecord, WorkerProgress
-from phalanx.reconcile.plan import TRAINING
+from phalanx.reconcile.status import TRAINING
 
 logger = logging.getLogger(__name__)
 

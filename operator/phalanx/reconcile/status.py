@@ -17,6 +17,8 @@ from phalanx.api import v1alpha1 as api
 
 CONDITION_TYPES = ("Ready", "Reconciling", "Stalled", "Running", "Succeeded", "Failed", "Suspended")
 CONVERGING = frozenset({"Pending", "Starting", "Rescaling", "Restarting"})
+TERMINAL = ("Succeeded", "Failed")
+TRAINING = ("Running", "Rescaling")
 
 
 def format_time(moment: datetime) -> str:

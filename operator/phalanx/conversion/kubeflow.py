@@ -23,8 +23,8 @@ from typing import Any, Literal, get_args
 
 from pydantic import ValidationError
 
-from phalanx.api import torchrun
 from phalanx.api import v1alpha1 as api
+from phalanx.conversion import torchrun
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"

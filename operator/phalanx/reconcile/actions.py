@@ -1,0 +1,49 @@
+"""What a planning decision asks of the cluster besides objects to apply: deletions, Events, and
+when to look again. Values only; decisions return them and the planner adds them up in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """A child to delete; ``grace_seconds=0`` force-deletes a pod that has finished or that no
+    kubelet can stop any more (``decide.Context.removal``)."""
+
+    kind: str
+    name: str
+    grace_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to record on the TrainingJob."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Actions:
+    """Deletions, Events and requeue delays, in the order they were decided."""
+
+    delete: tuple[Deletion, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue: tuple[float, ...] = ()
+
+    def __add__(self, other: Actions) -> Actions:
+        return Actions(self.delete + other.delete, self.events + other.events, self.requeue + other.requeue)
+
+
+NOTHING = Actions()
+
+
+def event(kind: Literal["Normal", "Warning"], reason: str, message: str) -> Actions:
+    return Actions(events=(Event(kind, reason, message),))
+
+
+def requeue(seconds: float) -> Actions:
+    return Actions(requeue=(seconds,))

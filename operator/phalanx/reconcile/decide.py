@@ -1,0 +1,296 @@
+"""The planner's decisions: pure functions of (spec, observed children, remembered state, now).
+
+Each decision returns a value: a ``Step`` (the remembered state after it, the deletions, Events and
+requeues it asks for, and the phase when it ends the pass) or a plain answer. ``decide`` composes
+them in one function whose order is the order of precedence:
+
+1. a finished job winds down and waits for its TTL (``after_finish``);
+2. a spec that cannot be planned stalls a running job, or fails one that runs nothing (``invalid``);
+3. suspension; resumption starts a new attempt;
+4. nodes: pods no kubelet can stop are force-deleted (``watch_nodes``); pods of old attempts go;
+5. completion, then the active deadline;
+6. failures (``handle_failures``): fatal ones fail the job, others replace the workers or restart
+   the gang (``gang_restart``); else a hang (``no_progress``) restarts the gang;
+7. what the job should have (PodGroup, NetworkPolicy, Services, store, worker slots) and what holds
+   workers back (an old store, backoff, old workers, a missing PodGroup, a Kueue group to resize);
+8. the phase from the workers' progress and from what could not be created (``running_phase``).
+
+The decisions live in ``restarts`` (failures, gang restarts, hangs), ``phase`` (scaling and the
+phase) and here (the rest); the values they pass in ``decision``. Nothing mutates shared state: a
+decision that is discarded (a ``PlanningError`` part way) costs nothing to undo. ``plan`` renders
+the result into the Plan and the next status.
+
+Nodes: a pod is taken for lost with its node only when the node was deleted or has not been Ready
+for the operator's grace (``NodeLoss``); a pod the taint manager evicts says so itself. A pod whose
+container may still run is never force-deleted unless its node object is gone or the operator was
+told to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Literal
+
+from phalanx.api import v1alpha1 as api
+from phalanx.reconcile import creation, desired, naming
+from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
+from phalanx.reconcile.creation import Wanted
+from phalanx.reconcile.decision import Context, Decision, Memory, Step, concluded, finish, wind_down
+from phalanx.reconcile.environment import resolve_launch
+from phalanx.reconcile.errors import PlanningError
+from phalanx.reconcile.observed import Observed, PodRecord, child_kind
+from phalanx.reconcile.phase import running_phase, scaling
+from phalanx.reconcile.restarts import gang_restart, handle_failures, kueue_group_resized, no_progress
+from phalanx.reconcile.status import TERMINAL, PhaseView, format_time, parse_time
+
+NODE_CAPACITY_STAMP_SECONDS = 10.0
+"""Least time between two new node-capacity stamps on one waiting PodGroup: pods leave the cluster
+all the time, and each would otherwise cost every waiting gang a PodGroup write."""
+
+
+def decide(job: api.TrainingJob, observed: Observed, now: datetime) -> Decision:
+    """Everything one pass decides, in order of precedence (see the module's docstring)."""
+    context = Context(job, observed, now)
+    memory = Memory.of(job.status)
+    if job.status.phase in TERMINAL:
+        return after_finish(context, memory)
+    try:
+        return decide_active(context, memory)
+    except PlanningError as error:
+        return invalid(context, memory, str(error))
+
+
+def decide_active(context: Context, memory: Memory) -> Decision:
+    job, spec, observed = context.job, context.spec, context.observed
+    launch = resolve_launch(spec)
+    store = desired.rendezvous_store_pod(job, launch)
+    stamp, actions = node_capacity_stamp(context)
+    group = desired.pod_group(job, launch, stamp)
+    services = (desired.rendezvous_service(job), desired.workers_service(job))
+
+    if spec.suspend:
+        actions += context.removing_active()
+        if job.status.phase != "Suspended":
+            actions += event("Normal", "Suspended", "job suspended: all pods stopped")
+        return Decision(PhaseView("Suspended", "Suspended", "spec.suspend is true"), memory, actions)
+    if job.status.phase == "Suspended":
+        # A resumed job starts a new rendezvous; suspension never costs budget, nor deadline:
+        # as batch/v1 resets startTime on resume, activeDeadlineSeconds counts from the next start.
+        memory = replace(memory, attempt=memory.attempt + 1, start_time=None)
+        actions += event("Normal", "Resumed", f"job resumed as attempt {memory.attempt}")
+    actions += watch_nodes(context)
+
+    workers = observed.workers()
+    current = [pod for pod in workers if pod.attempt == memory.attempt]
+    stale = [pod for pod in workers if pod.attempt != memory.attempt]
+    actions += context.removing(stale)
+
+    completed = completion(context, memory, current)
+    if completed is not None:
+        return concluded(actions, finish(context, memory, "Succeeded", "Succeeded", completed))
+    deadline = active_deadline(context, memory)
+    if deadline.view is not None:
+        return concluded(actions, deadline)
+    actions += deadline.actions
+
+    step = handle_failures(context, memory, current)
+    if step.view is None:
+        hang = no_progress(context, step.memory, current)
+        step = replace(hang, actions=step.actions + hang.actions)
+    memory, actions, stall = step.memory, actions + step.actions, step.stall
+    if step.view is not None:
+        return Decision(step.view, memory, actions, stall=stall)
+
+    if group is not None and group["apiVersion"] in observed.missing_apis:
+        why = observed.missing_apis[group["apiVersion"]]
+        message = (
+            f"gang.scheduler is {spec.gang.scheduler}, but PodGroups ({group['apiVersion']}) are {why}: "
+            f"install {spec.gang.scheduler} or set gang.scheduler to none; the job starts once the API is there"
+        )
+        return Decision(
+            PhaseView("Pending", "GangSchedulerUnavailable", message),
+            memory,
+            actions,
+            stall=("GangSchedulerUnavailable", message),
+        )
+    wanted = [
+        Wanted(obj)
+        for obj in (group, desired.job_network_policy(job, launch, observed.isolation), *services)
+        if obj is not None
+    ]
+
+    def held(view: PhaseView, *, more: Actions = NOTHING) -> Decision:
+        """The pass ends before workers: only the objects wanted so far are written."""
+        writes = creation.writes(wanted, observed, job.metadata.uid, context.now)
+        return Decision(view, memory, actions + more + writes.waits, apply=writes.apply, stall=stall)
+
+    store_pod = observed.store()
+    if store_pod is not None and (store_pod.deleting or memory.already_counted(store_pod)):
+        # Workers that dialled the old store would lose it again as it goes.
+        return held(PhaseView("Restarting", "GangRestart", "waiting for the old rendezvous store to stop"))
+    if store_pod is None:
+        wanted.append(Wanted(store, create_only=True))
+        # Workers only once the job's own store exists: a store it never had is not lost, and
+        # workers must not dial a name a predecessor's store still holds. A spec whose workers
+        # cannot be planned fails before anything is created.
+        desired.worker_pod(job, launch, index=0, attempt=memory.attempt)
+
+    not_before = parse_time(memory.restart_not_before)
+    if not_before is not None and not_before > context.now:
+        return held(
+            PhaseView("Restarting", "Backoff", f"attempt {memory.attempt} starts at {memory.restart_not_before}"),
+            more=requeue((not_before - context.now).total_seconds()),
+        )
+    if stale:
+        return held(PhaseView("Restarting", "GangRestart", old_workers_message(context, stale)))
+    if group is not None and not observed.has(
+        child_kind(group["apiVersion"], group["kind"]), group["metadata"]["name"]
+    ):
+        return held(PhaseView("Pending", "WaitingForPodGroup", "waiting for the PodGroup to exist"))
+
+    resized = kueue_group_resized(context, current)
+    if resized is not None:
+        restart = gang_restart(context, memory, current, [], store_lost=False, cause=resized)
+        memory = restart.memory
+        assert restart.view is not None
+        return held(restart.view, more=restart.actions)
+
+    rescaled: Literal["up", "down"] | None = None
+    if store_pod is not None:
+        slots, surplus, rescaled = scaling(context, memory, launch, current)
+        wanted.extend(Wanted(worker, create_only=True) for worker in slots)
+        actions += surplus
+    writes = creation.writes(wanted, observed, job.metadata.uid, context.now)
+    step = running_phase(context, memory, launch, current, store_pod, writes.blocked)
+    assert step.view is not None
+    return Decision(
+        step.view,
+        step.memory,
+        actions + step.actions + writes.waits,
+        apply=writes.apply,
+        stall=step.stall or stall,
+        rescaled=rescaled,
+    )
+
+
+def node_capacity_stamp(context: Context) -> tuple[str | None, Actions]:
+    """What the coscheduling PodGroup carries in ``phalanx.dev/node-capacity``: while a worker
+    waits for a node it follows the nodes, so that new capacity updates the PodGroup and the
+    scheduler tries the gang again at once; otherwise it stays as it was (no needless writes)."""
+    job, observed, now = context.job, context.observed, context.now
+    if job.spec.gang.scheduler != "scheduler-plugins":
+        return None, NOTHING
+    kind = child_kind(desired.COSCHEDULING_API, "PodGroup")
+    record = observed.objects.get((kind, naming.pod_group_name(job.metadata.name)))
+    stamped = record.node_capacity if record is not None else None
+    waiting = any(pod.unschedulable_message and not pod.deleting for pod in observed.workers())
+    capacity_now = observed.node_capacity
+    if not waiting or not capacity_now:
+        return stamped, NOTHING
+    # "<fingerprint>@<time>": a new stamp at most every NODE_CAPACITY_STAMP_SECONDS per job
+    fingerprint, _, stamped_at = (stamped or "").partition("@")
+    if fingerprint == capacity_now:
+        return stamped, NOTHING
+    try:
+        last = parse_time(stamped_at)
+    except ValueError:
+        last = None
+    due = last + timedelta(seconds=NODE_CAPACITY_STAMP_SECONDS) if last is not None else now
+    if due > now:
+        return stamped, requeue((due - now).total_seconds())
+    return f"{capacity_now}@{format_time(now)}", NOTHING
+
+
+def watch_nodes(context: Context) -> Actions:
+    """Force-delete terminating pods no kubelet can confirm any more (``may_force_delete``), and
+    come back when the grace of a not-ready node that holds an active pod of the job runs out."""
+    observed, now = context.observed, context.now
+    loss = observed.node_loss
+    actions = NOTHING
+    for pod in observed.pods:
+        node = pod.node_name
+        if pod.deleting and context.may_force_delete(pod):
+            actions += context.removing([pod])
+        if pod.active and node in observed.unready_nodes and node not in loss.deleted:
+            since = loss.unready_since.get(node, now)
+            remaining = (since + timedelta(seconds=loss.grace_seconds) - now).total_seconds()
+            if remaining > 0:
+                actions += requeue(remaining)
+    return actions
+
+
+def old_workers_message(context: Context, stale: list[PodRecord]) -> str:
+    message = f"waiting for {len(stale)} old worker(s) to stop"
+    stuck = next((pod for pod in stale if pod.node_name and context.node_lost(pod) is not None), None)
+    if stuck is not None:
+        message += (
+            f"; {stuck.name} is on node {stuck.node_name}, which {context.node_lost(stuck)}: it stops when "
+            "the node comes back or is deleted (its container may still run, so it is not force-deleted)"
+        )
+    return message
+
+
+def completion(context: Context, memory: Memory, current: list[PodRecord]) -> str | None:
+    """Why training is known to have completed, or None.
+
+    A worker of the current attempt that exited 0 says so, and so does the record a rank
+    leaves in the rendezvous store when it finished every step: that one also holds when the
+    rank then died in teardown and the agents are left waiting for a world that cannot form.
+    Anything that reaches the store can write that key, so a record counts only when it names
+    this job's UID and its current attempt.
+    """
+    # a worker stopped by a deletion or an eviction may exit 0 on SIGTERM: that is no success
+    if any(pod.phase == "Succeeded" and not pod.deleting and pod.disruption_reason is None for pod in current):
+        return "training completed"
+    done = context.observed.completion
+    if done is None or done.job_uid != context.job.metadata.uid or done.attempt != memory.attempt:
+        return None
+    where = f"rank {done.rank} recorded completion" if done.rank is not None else "completion was recorded"
+    at = f" at step {done.step}" if done.step is not None else ""
+    return f"training completed: {where}{at} (attempt {done.attempt}) in the rendezvous store"
+
+
+def active_deadline(context: Context, memory: Memory) -> Step:
+    """activeDeadlineSeconds, counted from the start of training (``startTime``)."""
+    started = parse_time(memory.start_time)
+    deadline = context.spec.active_deadline_seconds
+    if deadline is None or started is None:
+        return Step(memory)
+    remaining = (started + timedelta(seconds=deadline) - context.now).total_seconds()
+    if remaining <= 0:
+        return finish(
+            context, memory, "Failed", "DeadlineExceeded", f"job ran longer than activeDeadlineSeconds ({deadline})"
+        )
+    return Step(memory, requeue(remaining))
+
+
+def after_finish(context: Context, memory: Memory) -> Decision:
+    """A finished job: stop what still runs, and delete the job when its TTL has passed."""
+    previous = context.job.status
+    completed = parse_time(previous.completion_time)
+    if previous.phase == "Succeeded" and completed is not None:
+        actions = wind_down(context, completed)
+    else:
+        actions = context.removing_active()
+    delete_job = False
+    ttl = context.spec.ttl_seconds_after_finished
+    if ttl is not None and completed is not None:
+        remaining = (completed + timedelta(seconds=ttl) - context.now).total_seconds()
+        if remaining <= 0:
+            delete_job = True
+        else:
+            actions += requeue(remaining)
+    assert previous.phase in TERMINAL
+    view = PhaseView(previous.phase, previous.reason or previous.phase, previous.message or "")
+    return Decision(view, memory, actions, delete_job=delete_job)
+
+
+def invalid(context: Context, memory: Memory, message: str) -> Decision:
+    """A spec this operator cannot plan: never kill a running job for it (a later operator version
+    may not plan an older spec); a job that runs nothing fails."""
+    if any(pod.active for pod in context.observed.workers()):
+        previous = context.job.status
+        view = PhaseView(previous.phase or "Running", previous.reason or "InvalidSpec", previous.message or message)
+        return Decision(view, memory, stall=("InvalidSpec", message))
+    return concluded(NOTHING, finish(context, memory, "Failed", "InvalidSpec", message))

@@ -1,0 +1,160 @@
+"""The values one planning pass works with: what it remembers (``Memory``), what it plans from
+(``Context``), one decision (``Step``) and the whole pass's (``Decision``), and the end of a job,
+which several decisions reach."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from phalanx.api import v1alpha1 as api
+from phalanx.reconcile.actions import NOTHING, Actions, Deletion, event, requeue
+from phalanx.reconcile.failures import Failure
+from phalanx.reconcile.observed import Observed, PodRecord
+from phalanx.reconcile.status import PhaseView, format_time
+
+Object = dict[str, Any]
+Stall = tuple[str, str]
+"""The ``Stalled`` condition's reason and message."""
+SUCCESS_GRACE_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The part of status that carries over between passes."""
+
+    attempt: int
+    restarts: int
+    by_reason: tuple[tuple[str, int], ...]
+    counted: frozenset[str]
+    start_time: str | None
+    completion_time: str | None
+    restart_not_before: str | None
+
+    @classmethod
+    def of(cls, status: api.TrainingJobStatus) -> Memory:
+        return cls(
+            attempt=status.attempt,
+            restarts=status.restarts,
+            by_reason=tuple(sorted((status.restarts_by_reason or {}).items())),
+            counted=frozenset(status.counted_failures or ()),
+            start_time=status.start_time,
+            completion_time=status.completion_time,
+            restart_not_before=status.restart_not_before,
+        )
+
+    def counting(self, failure: Failure, pods: Iterable[PodRecord]) -> Memory:
+        """One failure event recorded (once: the UIDs of all its pods go into status in the same write)."""
+        by_reason = dict(self.by_reason)
+        by_reason[failure.reason] = by_reason.get(failure.reason, 0) + 1
+        return replace(
+            self,
+            restarts=self.restarts + (1 if failure.counted else 0),
+            by_reason=tuple(sorted(by_reason.items())),
+            counted=self.counted | {pod.uid for pod in pods if pod.uid},
+        )
+
+    def already_counted(self, pod: PodRecord) -> bool:
+        return bool(pod.uid) and pod.uid in self.counted
+
+
+@dataclass(frozen=True)
+class Context:
+    """What one pass plans from: the job, what is observed of its children, and the time."""
+
+    job: api.TrainingJob
+    observed: Observed
+    now: datetime
+
+    @property
+    def spec(self) -> api.TrainingJobSpec:
+        return self.job.spec
+
+    def node_lost(self, pod: PodRecord) -> str | None:
+        """Why the pod's node is taken for lost, or None: it was deleted, or it has not been Ready
+        for the whole grace. A shorter blip changes nothing (``watch_nodes``)."""
+        node, loss = pod.node_name, self.observed.node_loss
+        if node is None:
+            return None
+        if node in loss.deleted:
+            return "was deleted"
+        if node not in self.observed.unready_nodes:
+            return None
+        unready = (self.now - loss.unready_since.get(node, self.now)).total_seconds()
+        if unready < loss.grace_seconds:
+            return None
+        return f"has not been ready for {int(unready)}s (node-lost grace {int(loss.grace_seconds)}s)"
+
+    def may_force_delete(self, pod: PodRecord) -> bool:
+        """Whether no container of the pod can run any more, or the operator may act as if: its node
+        object is gone, or the node is lost and the operator was told to force (otherwise two agents
+        could train in one slot and both write checkpoints)."""
+        loss = self.observed.node_loss
+        return pod.node_name in loss.deleted or (loss.force_delete and self.node_lost(pod) is not None)
+
+    def removing(self, pods: Iterable[PodRecord]) -> Actions:
+        """Delete pods; force those that finished or that no kubelet can confirm
+        (``may_force_delete``); a pod already being deleted is left to finish unless forced."""
+        deletions: list[Deletion] = []
+        for pod in pods:
+            force = self.may_force_delete(pod)
+            if pod.deleting and not force:
+                continue
+            deletions.append(Deletion("Pod", pod.name, 0 if (pod.finished or force) else None))
+        return Actions(delete=tuple(deletions))
+
+    def removing_active(self, *, keep_finished: bool = True) -> Actions:
+        """Stop every running pod of the job (workers and store)."""
+        return self.removing(
+            pod for pod in self.observed.pods if pod.active or (not keep_finished and not pod.deleting)
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    """One decision: the remembered state after it, what it asks for, and the phase when it ends
+    the pass (``view``; None: the next decision goes on)."""
+
+    memory: Memory
+    actions: Actions = NOTHING
+    view: PhaseView | None = None
+    stall: Stall | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one pass decided: the phase, the state to remember, the writes and what else to do."""
+
+    view: PhaseView
+    memory: Memory
+    actions: Actions = NOTHING
+    apply: tuple[Object, ...] = ()
+    stall: Stall | None = None
+    delete_job: bool = False
+    rescaled: Literal["up", "down"] | None = None
+
+
+def concluded(actions: Actions, step: Step) -> Decision:
+    """The decision of a step that ends the pass, after the actions decided before it."""
+    assert step.view is not None
+    return Decision(step.view, step.memory, actions + step.actions, stall=step.stall)
+
+
+def finish(context: Context, memory: Memory, phase: Literal["Succeeded", "Failed"], reason: str, message: str) -> Step:
+    """The job ends: after success the other workers get a grace to finish; after failure every
+    running pod is stopped."""
+    memory = replace(memory, completion_time=format_time(context.now), restart_not_before=None)
+    stop = wind_down(context, context.now) if phase == "Succeeded" else context.removing_active()
+    kind: Literal["Normal", "Warning"] = "Normal" if phase == "Succeeded" else "Warning"
+    return Step(memory, stop + event(kind, reason, message), PhaseView(phase, reason, message))
+
+
+def wind_down(context: Context, completed: datetime) -> Actions:
+    """After success the other workers are finishing too (and may still need the store for
+    torchrun's shutdown): give them a grace period before stopping what still runs."""
+    remaining = (completed + timedelta(seconds=SUCCESS_GRACE_SECONDS) - context.now).total_seconds()
+    if remaining > 0 and any(pod.active for pod in context.observed.workers()):
+        return requeue(remaining)
+    return context.removing_active()

@@ -1,0 +1,152 @@
+"""Decisions of a job that is not held back: which worker slots to fill and what to remove when
+desired changes, then the phase from the workers' progress, and ``Stalled`` when children could
+not be created or what the job waits for can never come."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Literal
+
+from phalanx.reconcile import capacity, desired, naming
+from phalanx.reconcile.actions import Actions, event
+from phalanx.reconcile.decision import Context, Memory, Stall, Step
+from phalanx.reconcile.environment import Launch
+from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.status import TRAINING, PhaseView, format_time
+
+Object = dict[str, Any]
+
+
+def scaling(
+    context: Context, memory: Memory, launch: Launch, current: list[PodRecord]
+) -> tuple[list[Object], Actions, Literal["up", "down"] | None]:
+    """The worker pods to create (empty slots below desired, lowest index first), the surplus to
+    remove (highest index first), and whether desired changed since the last pass."""
+    job, spec = context.job, context.spec
+    wanted = spec.workers.desired
+    kueue_total: int | None = None
+    if spec.gang.scheduler == "kueue":
+        totals = {pod.group_total for pod in current if pod.group_total is not None}
+        kueue_total = totals.pop() if len(totals) == 1 else wanted
+    taken = {pod.name for pod in context.observed.workers()}
+    slots = [
+        desired.worker_pod(job, launch, index=index, attempt=memory.attempt, kueue_total=kueue_total)
+        for index in range(wanted)
+        if naming.worker_pod_name(job.metadata.name, index) not in taken
+    ]
+    surplus = sorted(
+        (pod for pod in current if pod.active and pod.index is not None and pod.index >= wanted),
+        key=lambda pod: -(pod.index or 0),
+    )
+    actions = context.removing(surplus)
+    before = job.status.workers.desired if job.status.workers else None
+    rescaled: Literal["up", "down"] | None = None
+    if before and before != wanted:
+        rescaled = "up" if wanted > before else "down"
+        actions += event("Normal", "Rescaling", f"desired workers changed from {before} to {wanted}")
+    return slots, actions, rescaled
+
+
+def running_phase(
+    context: Context,
+    memory: Memory,
+    launch: Launch,
+    current: list[PodRecord],
+    store: PodRecord | None,
+    blocked: tuple[Stall, ...],
+) -> Step:
+    """The phase of a job that is not held back, and ``Stalled`` when children could not be
+    created or what it waits for can never come."""
+    step = progress_phase(context, memory, current, store)
+    view = step.view
+    assert view is not None
+    if not blocked:
+        return beyond_capacity(context, launch, step, current)
+    # Children we could not create: say why, and whether the job can train at all.
+    reason, first = blocked[0]
+    message = first if len(blocked) == 1 else f"{first} (and {len(blocked) - 1} more)"
+    active = sum(1 for pod in current if pod.active)
+    minimum = context.spec.workers.min
+    if view.phase not in TRAINING and active < minimum:
+        message += (
+            f"; the job holds {active} of the {minimum} worker(s) it needs (workers.min) "
+            "and cannot train until the rest can be created"
+        )
+    else:
+        message = f"{view.message}; {message}"
+    return replace(step, view=PhaseView(view.phase, reason, message), stall=(reason, message))
+
+
+def progress_phase(context: Context, memory: Memory, current: list[PodRecord], store: PodRecord | None) -> Step:
+    """Pending, Starting, Running or Rescaling, from the workers and the store (``startTime`` is
+    remembered the first time enough workers are ready)."""
+    spec, previous = context.spec, context.job.status
+    minimum, wanted = spec.workers.min, spec.workers.desired
+    active = [pod for pod in current if pod.active]
+    ready = [pod for pod in active if pod.ready]
+    finishing = [pod for pod in active if pod.exit_code == 0 and pod.disruption_reason is None]
+    if finishing:
+        # A worker's container exited 0 and the kubelet has yet to mark its pod Succeeded, or its
+        # peers are still shutting down: training is ending, not starting again.
+        others = len(active) - len(finishing)
+        return Step(
+            memory,
+            view=PhaseView(
+                previous.phase if previous.phase in TRAINING else "Running",
+                "Completing",
+                f"{finishing[0].name} finished training; waiting for {others} other worker(s) to finish",
+            ),
+        )
+    if len(ready) >= minimum and store is not None and store.ready:
+        if memory.start_time is None:
+            memory = replace(memory, start_time=format_time(context.now))
+        if len(active) == wanted and len(ready) == wanted:
+            return Step(memory, view=PhaseView("Running", "WorkersReady", f"{len(ready)} worker(s) training"))
+        return Step(
+            memory, view=PhaseView("Rescaling", "Rescaling", f"{len(ready)} worker(s) training, converging to {wanted}")
+        )
+    workload = context.observed.workload
+    if workload is not None and not workload.admitted and active:
+        why = f": {workload.message}" if workload.message else ""
+        return Step(
+            memory,
+            view=PhaseView(
+                "Pending",
+                "Queued",
+                f"Kueue holds the gang in LocalQueue {spec.gang.queue} (Workload {workload.name}){why}",
+            ),
+        )
+    if any(pod.scheduled for pod in active):
+        return Step(
+            memory, view=PhaseView("Starting", "WorkersStarting", f"{len(ready)} of at least {minimum} worker(s) ready")
+        )
+    unschedulable = next((pod.unschedulable_message for pod in active if pod.unschedulable_message), None)
+    if unschedulable:
+        return Step(memory, view=PhaseView("Pending", "Unschedulable", unschedulable))
+    return Step(memory, view=PhaseView("Pending", "WorkersPending", f"waiting for {minimum} worker(s) to be scheduled"))
+
+
+def beyond_capacity(context: Context, launch: Launch, step: Step, current: list[PodRecord]) -> Step:
+    """Stalled when what the job waits for can never come: more workers than the schedulable
+    nodes can hold, or a gang larger than its Kueue queue's whole quota. It clears by itself
+    when nodes (or quota) grow."""
+    view = step.view
+    assert view is not None
+    if view.phase not in ("Pending", "Rescaling"):
+        return step
+    workload = context.observed.workload
+    if view.reason == "Queued" and workload is not None and "maximum capacity" in (workload.message or ""):
+        stall = ("ExceedsQueueCapacity", f"{view.message}; it can never be admitted as it is")
+        return replace(step, view=PhaseView(view.phase, *stall), stall=stall)
+    if not any(pod.unschedulable_message for pod in current if pod.active):
+        return step  # the scheduler has not given up on any worker
+    why = capacity.shortfall(
+        desired.worker_requests(context.job, launch), context.observed.node_allocatable, context.spec.workers.desired
+    )
+    if why is None:
+        return step
+    return replace(
+        step,
+        view=PhaseView(view.phase, "InsufficientCapacity", f"{view.message}; {why}"),
+        stall=("InsufficientCapacity", why),
+    )

@@ -1,0 +1,260 @@
+"""Decisions about failures: replace failed workers while enough train on, restart the gang
+(too few survivors, the store lost, a Kueue group, a hang), or end the job (a fatal failure, the
+restart budget spent).
+
+Exactly-once counting: every failure recorded in ``restarts``/``restartsByReason`` adds the failed
+pod's UID to ``status.countedFailures`` in the same status write. A pod whose UID is there is never
+counted again, however often the operator restarts, a delete fails or a late watch event shows it
+once more; a UID leaves the record only when the pod is gone from a synced view, and UIDs are never
+reused. The workers a pass finds failed are one failure event, counted once whether they are
+replaced one by one or the gang restarts: correlated failures (an OOM at the same step, an NCCL
+cascade) are one incident, and the count must not depend on how many workers survive it.
+
+Crash safety: a gang restart is first recorded in status (a new attempt) and only then are the old
+pods deleted. A crash in between leaves pods of an old attempt, which the next pass deletes as
+stale without counting them again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from phalanx.api import v1alpha1 as api
+from phalanx.reconcile import naming
+from phalanx.reconcile.actions import event, requeue
+from phalanx.reconcile.decision import Context, Memory, Step, finish
+from phalanx.reconcile.failures import Failure, classify
+from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.status import PhaseView, format_time, parse_time
+
+
+def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) -> Step:
+    """Workers that failed, a lost store, workers deleted from outside: fail the job (a fatal
+    failure), restart the gang (too few survivors, the store lost, a Kueue group), or replace the
+    failed workers while the others train on."""
+    spec, observed = context.spec, context.observed
+    failures = [
+        (pod, failure)
+        for pod in current
+        if not pod.deleting and (failure := classify(pod, node_lost=context.node_lost(pod))) is not None
+    ]
+    fatal = [failure for _, failure in failures if failure.action == "fail"]
+    if fatal:
+        return finish(context, memory, "Failed", fatal[0].reason, fatal[0].message)
+    # Failures recorded by an earlier pass (the pod outlived its deletion, or the operator
+    # stopped in between): remove the pod again, never count it again.
+    actions = context.removing(pod for pod, _ in failures if memory.already_counted(pod))
+    failures = [(pod, failure) for pod, failure in failures if not memory.already_counted(pod)]
+    store = observed.store()
+    store_gone = store is None or store.finished or store.deleting or context.node_lost(store) is not None
+    if store is not None and memory.already_counted(store):
+        # Declared lost, and the gang restarted for it (its node may be back by now): it goes,
+        # and a new store comes before any worker of the new attempt.
+        actions += context.removing([store])
+        store_gone = False
+    # A store this job never had is not lost: its creation was refused, or its name is still held
+    # by another owner's pod (a deleted predecessor's store, terminating). Workers wait for the
+    # store (decide_active), but an older operator created both in one pass.
+    store_key = ("Pod", naming.rendezvous_name(context.job.metadata.name))
+    never_created = store is None and (store_key in observed.refusals or store_key in observed.foreign)
+    store_lost = bool(current) and store_gone and not never_created
+    # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing;
+    # a kubelet marks them Failed before they go, so "finished" does not tell them apart from
+    # pods this operator removed: those were recorded as handled (or are beyond desired).
+    deleted = [
+        pod
+        for pod in current
+        if pod.deleting
+        and not memory.already_counted(pod)
+        and pod.index is not None
+        and pod.index < spec.workers.desired
+    ]
+    if not failures and not store_lost and not deleted:
+        return Step(memory, actions)
+    failed = {pod.name for pod, _ in failures}
+    survivors = [pod for pod in current if pod.active and pod.name not in failed and not memory.already_counted(pod)]
+    # A Kueue pod group has a fixed size and is never refilled: losing a worker ends it.
+    fixed_group = spec.gang.scheduler == "kueue"
+    if store_lost or len(survivors) < spec.workers.min or fixed_group:
+        restart = gang_restart(context, memory, current, failures, store_lost=store_lost)
+        return replace(restart, actions=actions + restart.actions)
+    if not failures:
+        return Step(memory, actions)  # enough survivors: the deleted workers' slots are refilled once they are gone
+    failure = failure_event(failures)
+    memory = memory.counting(failure, (pod for pod, _ in failures))
+    for pod, one in failures:
+        actions += context.removing([pod]) + event(
+            "Warning",
+            worker_event_reason(one.reason),
+            f"{one.message}; replacing it, {len(survivors)} worker(s) train on",
+        )
+    if memory.restarts > spec.failure_policy.max_restarts:
+        exhausted = finish(
+            context, memory, "Failed", "RestartBudgetExhausted", budget_message(context, memory, failure)
+        )
+        return replace(exhausted, actions=actions + exhausted.actions)
+    return Step(memory, actions)
+
+
+def no_progress(context: Context, memory: Memory, current: list[PodRecord]) -> Step:
+    """Hang detection (failurePolicy.progressDeadlineSeconds): a Running job whose reporting worker
+    has shown the same step count for the whole deadline restarts its gang, counted. The clock
+    starts no earlier than the job last became Running (Ready), so a world that re-formed gets
+    the whole deadline for its first step; a job whose workers serve no step count is never
+    judged. Only a fresh sample is a verdict: when the reporter stopped answering (a
+    NetworkPolicy, its port taken after a restart, a network blip) its last count says nothing
+    about training since, so the job is left alone and Stalled says why (ProgressUnknown)."""
+    job, now = context.job, context.now
+    deadline = context.spec.failure_policy.progress_deadline_seconds
+    progress = context.observed.progress
+    if deadline is None or job.status.phase != "Running" or progress is None:
+        return Step(memory)
+    if progress.attempt != memory.attempt or progress.steps is None or progress.stepped_since is None:
+        return Step(memory)
+    since = progress.stepped_since
+    ready = next((c for c in job.status.conditions or [] if c.type == "Ready" and c.status == "True"), None)
+    became_ready = parse_time(ready.last_transition_time) if ready is not None else None
+    if became_ready is not None and became_ready > since:
+        since = became_ready
+    idle = (now - since).total_seconds()
+    reporter = next((pod for pod in current if pod.uid == progress.reporter), None)
+    if idle < deadline:
+        return Step(memory, requeue(deadline - idle))
+    if progress.fresh_until is None or now > progress.fresh_until:
+        # The poller wakes the job when the reporter answers again; then it is judged.
+        last = format_time(progress.scraped_at) if progress.scraped_at is not None else "never"
+        return Step(
+            memory,
+            stall=(
+                "ProgressUnknown",
+                f"hang detection (failurePolicy.progressDeadlineSeconds {deadline}) cannot judge: "
+                f"{reporter.name if reporter else 'the reporting worker'} last answered a progress scrape at {last}"
+                f"{f' ({progress.unanswered} unanswered since)' if progress.unanswered else ''}, "
+                f"with its step count at {progress.steps}; nothing is restarted on stale data",
+            ),
+        )
+    failure = Failure(
+        "NoProgress",
+        counted=True,
+        action="replace",
+        message=f"no training step for {int(idle)}s (failurePolicy.progressDeadlineSeconds is {deadline}): "
+        f"{reporter.name if reporter else 'the reporting worker'}'s step count stayed at {progress.steps}",
+    )
+    return gang_restart(context, memory, current, [], store_lost=False, cause=failure)
+
+
+def gang_restart(
+    context: Context,
+    memory: Memory,
+    current: list[PodRecord],
+    failures: list[tuple[PodRecord, Failure]],
+    *,
+    store_lost: bool,
+    cause: Failure | None = None,
+) -> Step:
+    """Record the failure and a new attempt (with backoff when counted), and stop the old gang."""
+    spec = context.spec
+    store = context.observed.store()
+    failure = gang_cause(context, failures, store_lost=store_lost, cause=cause)
+    lost = [pod for pod, _ in failures] + ([store] if store_lost and store is not None else [])
+    memory = memory.counting(failure, lost)
+    workload = context.observed.workload
+    if workload is not None and workload.evicted:
+        # Kueue took the quota back: in batch/v1 terms the job was suspended, so the
+        # activeDeadlineSeconds clock starts again when the re-admitted gang trains.
+        memory = replace(memory, start_time=None)
+    if memory.restarts > spec.failure_policy.max_restarts:
+        return finish(context, memory, "Failed", "RestartBudgetExhausted", budget_message(context, memory, failure))
+    wait = backoff_seconds(spec.failure_policy, memory.restarts) if failure.counted else 0
+    memory = replace(
+        memory,
+        attempt=memory.attempt + 1,
+        restart_not_before=format_time(context.now + timedelta(seconds=wait)) if wait else None,
+    )
+    actions = context.removing(current)
+    if store_lost and store is not None:
+        actions += context.removing([store])
+    message = (
+        f"{failure.message}; fewer than min ({spec.workers.min}) workers remain, "
+        f"restarting the gang as attempt {memory.attempt}"
+    )
+    if store_lost or (cause is not None and spec.gang.scheduler != "kueue"):
+        message = f"{failure.message}; restarting the gang as attempt {memory.attempt}"
+    elif spec.gang.scheduler == "kueue":
+        message = f"{failure.message}; restarting the gang as attempt {memory.attempt} (a new Kueue pod group)"
+    if wait:
+        message += f" after {wait}s"
+        actions += requeue(float(wait))
+    # a hang is named by its own reason: it is what the user must look into
+    actions += event("Warning", "NoProgress" if failure.reason == "NoProgress" else "GangRestart", message)
+    return Step(memory, actions, PhaseView("Restarting", failure.reason, message))
+
+
+def gang_cause(
+    context: Context, failures: list[tuple[PodRecord, Failure]], *, store_lost: bool, cause: Failure | None
+) -> Failure:
+    """The failure a gang restart is recorded as."""
+    if cause is not None:
+        return cause
+    if failures:
+        return failure_event(failures)
+    if store_lost:
+        return Failure(
+            "RendezvousStoreLost", counted=False, action="replace", message="the rendezvous store pod was lost"
+        )
+    workload = context.observed.workload
+    if workload is not None and workload.evicted:
+        return Failure(  # Kueue deletes an evicted or preempted group's pods
+            "Evicted",
+            counted=False,
+            action="replace",
+            message=f"Kueue evicted Workload {workload.name} ({workload.evicted}); the gang is queued again",
+        )
+    return Failure(
+        "WorkersDeleted", counted=False, action="replace", message="worker pods were deleted from outside the operator"
+    )
+
+
+def kueue_group_resized(context: Context, current: list[PodRecord]) -> Failure | None:
+    """A Kueue pod group keeps the size it was admitted with: a new workers.desired needs a
+    new group, so the gang restarts (not counted) as one of the new size."""
+    if context.spec.gang.scheduler != "kueue":
+        return None
+    sizes = {pod.group_total for pod in current if pod.active and pod.group_total is not None}
+    wanted = context.spec.workers.desired
+    if not sizes or sizes == {wanted}:
+        return None
+    return Failure(
+        "Rescaling",
+        counted=False,
+        action="replace",
+        message=f"workers.desired is {wanted} and a Kueue pod group of {max(sizes)} cannot change its size",
+    )
+
+
+def budget_message(context: Context, memory: Memory, failure: Failure) -> str:
+    return (
+        f"{memory.restarts} counted failures exceed failurePolicy.maxRestarts "
+        f"({context.spec.failure_policy.max_restarts}); last: {failure.message}"
+    )
+
+
+def failure_event(failures: list[tuple[PodRecord, Failure]]) -> Failure:
+    """The one failure event the workers failed in one pass make: its first counted failure, else
+    its first (``restartsByReason`` gets one entry per event, not per pod)."""
+    counted = [failure for _, failure in failures if failure.counted]
+    return counted[0] if counted else failures[0][1]
+
+
+def worker_event_reason(reason: str) -> str:
+    """The reason of the event for one replaced worker: Worker<Reason>, without doubling the prefix
+    (WorkerFailed, not WorkerWorkerFailed)."""
+    return reason if reason.startswith("Worker") else f"Worker{reason}"
+
+
+def backoff_seconds(policy: api.FailurePolicy, counted_restarts: int) -> int:
+    """Exponential backoff: backoffSeconds doubled per counted restart, capped."""
+    if counted_restarts <= 0:
+        return 0
+    return int(min(policy.max_backoff_seconds, policy.backoff_seconds * 2 ** (counted_restarts - 1)))
