@@ -393,6 +393,64 @@ def test_a_deleted_nodes_worker_is_force_deleted_and_replaced(
         assert node in gpu_nodes
 
 
+def test_a_gpu_error_keeps_the_jobs_later_pods_off_that_node(
+    kubectl: Kubectl,
+    namespace: str,
+    running_operator: OperatorProcess,
+    cluster_nodes: LocalCluster,
+    gpu_nodes: list[str],
+) -> None:
+    """A worker dies of an uncorrectable ECC error: its node is avoided (not cordoned). The job may
+    run on two nodes, one worker each: the replacement may not go back to the free node it failed
+    on, so the scheduler leaves it Pending, and the job says which node it keeps off and why."""
+    allowed = gpu_nodes[:2]
+    only_two = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": allowed}]}
+    affinity = {
+        **ANTI_AFFINITY,
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [only_two]}},
+    }
+    template = {"spec": {"containers": [TRAINER], "nodeSelector": {POOL_LABEL: POOL}, "affinity": affinity}}
+    before = start(kubectl, namespace, desired=2, workers={"min": 1}, template=template)
+    victim = naming.worker_pod_name(JOB, 1)
+    node = node_of(before[victim])
+    message = "RuntimeError: CUDA error: uncorrectable ECC error encountered"
+    cluster_nodes.finish_pod(namespace, victim, 1, message=message)
+
+    state = wait_status(kubectl, namespace, lambda s: bool(s.get("avoidedNodes")), "a node avoided")
+    [avoided] = state["avoidedNodes"]
+    assert (avoided["node"], avoided["reason"]) == (node, "GPUError") and message in avoided["message"], avoided
+    assert (state["restarts"], state["restartsByReason"]) == (1, {"WorkerFailed": 1})  # a GPU error still counts
+    warning = wait_event(kubectl, namespace, "AvoidingNode")
+    assert f"keep off node {node} until {avoided['until']} (GPUError)" in warning["message"], warning["message"]
+
+    def replacement_unschedulable(pods: dict[str, dict[str, Any]]) -> bool:
+        pod = pods.get(victim)
+        return (
+            pod is not None
+            and pod["metadata"]["uid"] != before[victim]["metadata"]["uid"]
+            and any(
+                c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                for c in pod.get("status", {}).get("conditions", [])
+            )
+        )
+
+    after = wait_workers(kubectl, namespace, replacement_unschedulable, f"{victim} replaced and left unscheduled")
+    terms = after[victim]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {"matchFields": [only_two["matchFields"][0], {"key": "metadata.name", "operator": "NotIn", "values": [node]}]}
+    ]
+    node_object = kubectl.get("node", node)
+    assert node_object is not None and node_object["spec"].get("unschedulable") is not True  # never cordoned
+    state = wait_status(
+        kubectl, namespace, lambda s: "keeps off 1 node(s) after failures" in (s.get("message") or ""), "says so"
+    )
+    assert f"{node} (GPUError)" in state["message"], state["message"]
+    assert (
+        after[naming.worker_pod_name(JOB, 0)]["metadata"]["uid"]
+        == before[naming.worker_pod_name(JOB, 0)]["metadata"]["uid"]
+    )
+
+
 # -- failures that end the job at once -----------------------------------------------------------
 
 

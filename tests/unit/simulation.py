@@ -64,7 +64,8 @@ class World:
         self.foreign: set[tuple[str, str]] = set()  # names held by objects this job does not control
         self.missing_apis: dict[str, str] = {}
         self.node_capacity = ""  # the fingerprint of what the nodes offer (NodeCache.capacity)
-        self.node_allocatable: tuple[dict[str, str], ...] = ()  # each schedulable node's allocatable
+        # each schedulable node's allocatable: by name, or a tuple (named node-0, node-1, ...)
+        self.node_allocatable: tuple[dict[str, str], ...] | dict[str, dict[str, str]] = ()
         self.workload: QueuedWorkload | None = None  # what Kueue says about the current pod group
         self._uids = itertools.count(1)
         self.now = now
@@ -95,7 +96,9 @@ class World:
             refusals=dict(self.refusals),
             missing_apis=dict(self.missing_apis),
             node_capacity=self.node_capacity,
-            node_allocatable=tuple(capacity.parse_allocatable(node) for node in self.node_allocatable),
+            node_allocatable={
+                name: capacity.parse_allocatable(node) for name, node in self.named_allocatable().items()
+            },
             workload=self.workload,
             node_loss=NodeLoss(
                 unready_since={node: self.unready_since.get(node, self.now) for node in self.unready_nodes},
@@ -105,6 +108,11 @@ class World:
             ),
             retry_batch=self.retry_batch,
         )
+
+    def named_allocatable(self) -> dict[str, dict[str, str]]:
+        if isinstance(self.node_allocatable, dict):
+            return self.node_allocatable
+        return {f"node-{index}": node for index, node in enumerate(self.node_allocatable)}
 
     def plan(self) -> Plan:
         return plan(self.job, self.observed(), self.now)

@@ -56,6 +56,7 @@ def test_defaults_live_in_the_schema() -> None:
         "backoffSeconds": 10,
         "maxBackoffSeconds": 600,
         "workerRestarts": 3,
+        "avoidNodeSeconds": 3600,
     }
     assert spec["gang"]["default"] == {"scheduler": "none"}
     assert spec["workers"]["properties"]["min"]["default"] == 1

@@ -488,3 +488,20 @@ def test_only_the_newest_events_are_shown_and_the_rest_counted() -> None:
 )
 def test_ages_read_as_kubectl_writes_them(seconds: int, shown: str) -> None:
     assert human_duration(seconds) == shown
+
+
+def test_the_nodes_a_job_keeps_off_are_listed_with_their_failure() -> None:
+    job = copy.deepcopy(JOB)
+    job["status"]["avoidedNodes"] = [
+        {
+            "node": "gpu-7",
+            "reason": "GPUError",
+            "message": "worker llama-worker-2 exited\nXid 79",
+            "until": "2026-03-01T13:00:00Z",
+        }
+    ]
+    assert section(render(job), "Avoided Nodes:") == [
+        ["NODE", "REASON", "UNTIL", "FAILURE"],
+        ["gpu-7", "GPUError", "2026-03-01T13:00:00Z", "worker llama-worker-2 exited | Xid 79"],
+    ]
+    assert "Avoided Nodes:" not in render()

@@ -478,10 +478,10 @@ def test_node_cache_parses_a_nodes_allocatable_once_and_drops_nodes_that_take_no
     nodes.observe("ADDED", node("n1", 8))
     nodes.observe("ADDED", node("n2", 4, unschedulable=True))
     view = nodes.allocatable()
-    assert view == ({"nvidia.com/gpu": Decimal(8), "pods": Decimal(110)},)
+    assert view == {"n1": {"nvidia.com/gpu": Decimal(8), "pods": Decimal(110)}}
     nodes.observe("MODIFIED", node("n1", 8))  # a heartbeat: nothing parsed or rebuilt again
     assert nodes.allocatable() is view
     nodes.observe("MODIFIED", node("n1", 16))
-    assert nodes.allocatable() == ({"nvidia.com/gpu": Decimal(16), "pods": Decimal(110)},)
+    assert nodes.allocatable() == {"n1": {"nvidia.com/gpu": Decimal(16), "pods": Decimal(110)}}
     nodes.observe("MODIFIED", node("n1", 16, ready=False))
-    assert nodes.allocatable() == ()
+    assert nodes.allocatable() == {}

@@ -286,6 +286,13 @@ class FailurePolicy(ApiModel):
     processes, for example when the world re-forms after a peer was lost. Launcher torchrun only:
     a static world never re-forms, so its workers get 0."""
 
+    avoid_node_seconds: int = Field(default=3600, ge=0, le=604800)
+    """How long the job's later pods keep off a node that failed one of its workers for a cause
+    of the node's own: lost or not Ready past the operator's grace, an eviction for node pressure,
+    a pod the node refused (a device plugin that lost its GPUs), or a GPU or NCCL transport error
+    in the worker's termination message (the patterns are in docs/lifecycle.md). 0: never avoid.
+    phalanx never cordons or taints a node: only this job's pods keep off it."""
+
     progress_deadline_seconds: int | None = Field(default=None, ge=30, le=604800)
     """Hang detection, off when absent: when a Running job's workers report no new training step
     for this long, the gang restarts from its latest checkpoint with reason NoProgress, counted
@@ -559,6 +566,24 @@ class LastCheckpoint(ApiModel):
     """When it was committed."""
 
 
+class AvoidedNode(ApiModel):
+    """A node the job's new pods keep off (failurePolicy.avoidNodeSeconds)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    node: str
+    """The node's name."""
+
+    reason: str
+    """Why: NodeLost, NodePressure, NodeRejected, GPUError or NCCLError."""
+
+    message: str = ""
+    """The failure that put it here."""
+
+    until: str
+    """When new pods may go there again."""
+
+
 class TrainingJobStatus(ApiModel):
     """The observed state of a TrainingJob, written only by the operator."""
 
@@ -617,6 +642,11 @@ class TrainingJobStatus(ApiModel):
 
     restart_not_before: str | None = None
     """The next gang attempt is not started before this time (backoff)."""
+
+    avoided_nodes: list[AvoidedNode] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]}
+    )
+    """Nodes the job's new pods keep off after a failure of the node's own, until the time given."""
 
     conditions: list[Condition] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}

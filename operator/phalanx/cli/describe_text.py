@@ -321,6 +321,16 @@ def describe(
     if not_before is not None and not_before > now and status.get("phase") == "Restarting":
         wait = human_duration((not_before - now).total_seconds())
         lines.append(field("Next Attempt", f"not before {status['restartNotBefore']} (in {wait})"))
+    avoided = status.get("avoidedNodes") or []
+    if avoided:
+        lines.append("Avoided Nodes:")
+        lines += table(
+            ["NODE", "REASON", "UNTIL", "FAILURE"],
+            [
+                [entry.get("node", ""), entry.get("reason", ""), entry.get("until", ""), one_line(entry.get("message"))]
+                for entry in avoided
+            ],
+        )
     lines += _conditions(status, now)
     lines += _pods(pods, attempt, now)
     lines += _events(events, now)

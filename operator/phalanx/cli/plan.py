@@ -87,6 +87,9 @@ def _policy_line(job: api.TrainingJob) -> str:
         f"hang detection after {policy.progress_deadline_seconds}s without a step"
         if policy.progress_deadline_seconds
         else "hang detection off",
+        f"a node that fails a worker is avoided for {policy.avoid_node_seconds}s"
+        if policy.avoid_node_seconds
+        else "failed nodes not avoided",
     ]
     if job.spec.active_deadline_seconds:
         parts.append(f"activeDeadlineSeconds {job.spec.active_deadline_seconds}")

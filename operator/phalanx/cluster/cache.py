@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from types import MappingProxyType
 from typing import Any
 
 from phalanx.api import v1alpha1 as api
@@ -411,7 +412,7 @@ class ChildCache(ListedSink):
         refusals: Mapping[ChildKey, Refusal] | None = None,
         missing_apis: Mapping[str, str] | None = None,
         node_capacity: str = "",
-        node_allocatable: tuple[Mapping[str, Decimal], ...] = (),
+        node_allocatable: Mapping[str, Mapping[str, Decimal]] | None = None,
         workload: QueuedWorkload | None = None,
     ) -> Observed:
         return Observed(
@@ -424,7 +425,7 @@ class ChildCache(ListedSink):
             refusals=dict(refusals or {}),
             missing_apis=dict(missing_apis or {}),
             node_capacity=node_capacity,
-            node_allocatable=node_allocatable,
+            node_allocatable=node_allocatable or {},
             workload=workload,
         )
 
@@ -464,7 +465,7 @@ class NodeCache(ListedSink):
         self._offers: dict[str, str] = {}  # schedulable node -> what it offers
         # schedulable node -> its allocatable as listed, and parsed (once per change)
         self._allocatable: dict[str, tuple[Mapping[str, Any], Mapping[str, Decimal]]] = {}
-        self._allocatable_view: tuple[Mapping[str, Decimal], ...] | None = None
+        self._allocatable_view: Mapping[str, Mapping[str, Decimal]] | None = None
         # XOR of one digest per (node, offer): updated per node event, independent of order, so
         # the fingerprint costs O(1) however many nodes there are
         self._offer_digest = 0
@@ -543,11 +544,11 @@ class NodeCache(ListedSink):
                 del self._deleted[name]
         return frozenset(self._deleted)
 
-    def allocatable(self) -> tuple[Mapping[str, Decimal], ...]:
-        """What each schedulable node can give pods in all, in base units (rebuilt only when a
-        node changed)."""
+    def allocatable(self) -> Mapping[str, Mapping[str, Decimal]]:
+        """Node name -> what each schedulable node can give pods in all, in base units (rebuilt
+        only when a node changed; read-only)."""
         if self._allocatable_view is None:
-            self._allocatable_view = tuple(parsed for _, parsed in self._allocatable.values())
+            self._allocatable_view = MappingProxyType({name: parsed for name, (_, parsed) in self._allocatable.items()})
         return self._allocatable_view
 
     def pod_released(self) -> None:

@@ -63,9 +63,14 @@ def decide(job: api.TrainingJob, observed: Observed, now: datetime) -> Decision:
 
 def decide_active(context: Context, memory: Memory) -> Decision:
     job, spec, observed = context.job, context.spec, context.observed
+    memory = memory.avoiding_until(context.now)
     launch = resolve_launch(spec)
-    store = desired.rendezvous_store_pod(job, launch)
+    # created only in a pass that handles no failure, so the nodes avoided so far are all there are
+    store = desired.rendezvous_store_pod(job, launch, avoid=memory.avoided_nodes)
     stamp, actions = node_capacity_stamp(context)
+    if memory.avoided:  # status drops the node when its time is up
+        ends = min(parse_time(entry.until) or context.now for entry in memory.avoided)
+        actions += requeue(max(0.0, (ends - context.now).total_seconds()))
     group = desired.pod_group(job, launch, stamp)
     services = (desired.rendezvous_service(job), desired.workers_service(job))
 

@@ -22,6 +22,16 @@ SUCCESS_GRACE_SECONDS = 60
 
 
 @dataclass(frozen=True)
+class Avoidance:
+    """A node the job's new pods keep off until ``until`` (status.avoidedNodes)."""
+
+    node: str
+    reason: str
+    message: str
+    until: str
+
+
+@dataclass(frozen=True)
 class Memory:
     """The part of status that carries over between passes."""
 
@@ -32,6 +42,7 @@ class Memory:
     start_time: str | None
     completion_time: str | None
     restart_not_before: str | None
+    avoided: tuple[Avoidance, ...] = ()
 
     @classmethod
     def of(cls, status: api.TrainingJobStatus) -> Memory:
@@ -43,6 +54,9 @@ class Memory:
             start_time=status.start_time,
             completion_time=status.completion_time,
             restart_not_before=status.restart_not_before,
+            avoided=tuple(
+                Avoidance(entry.node, entry.reason, entry.message, entry.until) for entry in status.avoided_nodes or ()
+            ),
         )
 
     def counting(self, failure: Failure, pods: Iterable[PodRecord]) -> Memory:
@@ -58,6 +72,23 @@ class Memory:
 
     def already_counted(self, pod: PodRecord) -> bool:
         return bool(pod.uid) and pod.uid in self.counted
+
+    @property
+    def avoided_nodes(self) -> tuple[str, ...]:
+        return tuple(entry.node for entry in self.avoided)
+
+    def avoiding(self, entry: Avoidance) -> Memory:
+        """``entry``'s node avoided until its time (a later time than one already held wins)."""
+        held = {one.node: one for one in self.avoided}
+        before = held.get(entry.node)
+        if before is None or before.until < entry.until:  # RFC 3339 UTC strings order as times
+            held[entry.node] = entry
+        return replace(self, avoided=tuple(held[node] for node in sorted(held)))
+
+    def avoiding_until(self, now: datetime) -> Memory:
+        """Without the nodes whose time has passed."""
+        moment = format_time(now)
+        return replace(self, avoided=tuple(entry for entry in self.avoided if entry.until > moment))
 
 
 @dataclass(frozen=True)

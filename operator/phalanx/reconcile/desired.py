@@ -13,7 +13,7 @@ import hashlib
 import ipaddress
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -186,8 +186,25 @@ def _template_spec(job: api.TrainingJob) -> dict[str, Any]:
     return job.spec.template.spec.model_dump(by_alias=True, exclude_none=True)
 
 
-def rendezvous_store_pod(job: api.TrainingJob, launch: Launch) -> Object:
-    """The small pod that hosts the c10d store, built from the trainer's image (it has torch)."""
+def keep_off(pod_spec: dict[str, Any], nodes: Sequence[str]) -> None:
+    """Require the pod to stay off ``nodes`` (by node name, ``matchFields`` on ``metadata.name``,
+    which unlike the hostname label always names the node): added to every required node selector
+    term, since the terms are alternatives."""
+    if not nodes:
+        return
+    requirement = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
+    affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term.setdefault("matchFields", []).append(copy.deepcopy(requirement))
+
+
+def rendezvous_store_pod(job: api.TrainingJob, launch: Launch, *, avoid: Sequence[str] = ()) -> Object:
+    """The small pod that hosts the c10d store, built from the trainer's image (it has torch);
+    ``avoid``: nodes the job keeps off (failurePolicy.avoidNodeSeconds)."""
     template = _template_spec(job)
     trainer = template["containers"][launch.trainer_index]
     port = job.spec.rendezvous.port
@@ -227,6 +244,7 @@ def rendezvous_store_pod(job: api.TrainingJob, launch: Launch) -> Object:
             spec[key] = copy.deepcopy(template[key])
     if "imagePullPolicy" in trainer:
         spec["containers"][0]["imagePullPolicy"] = trainer["imagePullPolicy"]
+    keep_off(spec, avoid)
     name = naming.rendezvous_name(job.metadata.name)
     return _finish(
         {
@@ -296,9 +314,16 @@ def _metrics_port(env: list[dict[str, Any]], where: str) -> int:
 
 
 def worker_pod(
-    job: api.TrainingJob, launch: Launch, *, index: int, attempt: int, kueue_total: int | None = None
+    job: api.TrainingJob,
+    launch: Launch,
+    *,
+    index: int,
+    attempt: int,
+    kueue_total: int | None = None,
+    avoid: Sequence[str] = (),
 ) -> Object:
-    """One worker pod: the user's template plus everything elastic training needs."""
+    """One worker pod: the user's template plus everything elastic training needs; ``avoid``:
+    nodes the job keeps off (failurePolicy.avoidNodeSeconds)."""
     spec = job.spec
     template = _template_spec(job)
     template_metadata = spec.template.metadata
@@ -336,6 +361,7 @@ def worker_pod(
 
     template["restartPolicy"] = "Never"
     template.setdefault("enableServiceLinks", False)
+    keep_off(template, avoid)
     if launch.launcher == "static":  # <pod>.<job>-workers.<namespace>.svc resolves to the pod
         template["hostname"] = naming.worker_pod_name(job.metadata.name, index)
         template["subdomain"] = naming.workers_service_name(job.metadata.name)

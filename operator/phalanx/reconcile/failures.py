@@ -10,6 +10,7 @@ budget) from configuration errors that no retry can fix (fail fast).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,6 +44,25 @@ DISRUPTION_REASONS = {
     "TerminationByKubelet": "Evicted",
 }
 MAX_MESSAGE = 1024
+MAX_SCANNED = 8192  # the kubelet keeps at most 4096 bytes of a termination message; a bound all the same
+# Disruptions that are the node's doing (the taint manager after NotReady/unreachable, the pod
+# garbage collector after the node went, the kubelet evicting for pressure).
+DISRUPTION_NODE_FAULTS = {
+    "DeletionByTaintManager": "NodeLost",
+    "DeletionByPodGC": "NodeLost",
+    "TerminationByKubelet": "NodePressure",
+}
+# Errors in a worker's termination message that belong to its node's hardware or fabric, not to the
+# training code: the job's later pods keep off that node (failurePolicy.avoidNodeSeconds). Matched
+# case-insensitively. A collective timeout or a peer's error names no node, so it is not here.
+NODE_ERROR_PATTERNS = (
+    ("GPUError", re.compile(r"uncorrectable ECC|cudaErrorECCUncorrectable|CUDA_ERROR_ECC_UNCORRECTABLE", re.I)),
+    ("GPUError", re.compile(r"GPU is lost|GPU has fallen off the bus|NVML_ERROR_GPU_IS_LOST|\bXid\b", re.I)),
+    ("GPUError", re.compile(r"uncorrectable NVLink|cudaErrorNvlinkUncorrectable|cudaErrorDevicesUnavailable", re.I)),
+    ("GPUError", re.compile(r"no CUDA-capable device is detected|cudaErrorNoDevice", re.I)),
+    ("NCCLError", re.compile(r"ncclSystemError|NCCL error.*unhandled system error", re.I)),
+    ("NCCLError", re.compile(r"NET/IB ?: .*(error|failed)|ibv_\w+ failed|IBV_WC_\w+_ERR", re.I)),
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +73,9 @@ class Failure:
     counted: bool
     action: Action
     message: str
+    node_fault: str | None = None
+    """Why the pod's node is to blame (NodeLost, NodePressure, NodeRejected, GPUError, NCCLError),
+    when it is: the job's later pods keep off it."""
 
 
 def _describe(pod: PodRecord) -> str:
@@ -113,6 +136,7 @@ def classify(pod: PodRecord, *, node_lost: str | None = None) -> Failure | None:
             counted=False,
             action="replace",
             message=f"worker {pod.name} was disrupted ({pod.disruption_reason})",
+            node_fault=_disruption_node_fault(pod),
         )
     if node_lost is not None and pod.node_name and not pod.finished:
         return Failure(
@@ -120,6 +144,7 @@ def classify(pod: PodRecord, *, node_lost: str | None = None) -> Failure | None:
             counted=False,
             action="replace",
             message=f"worker {pod.name} is on node {pod.node_name}, which {node_lost}",
+            node_fault="NodeLost",
         )
     if pod.phase != "Failed":
         return None
@@ -129,16 +154,41 @@ def classify(pod: PodRecord, *, node_lost: str | None = None) -> Failure | None:
             counted=False,
             action="replace",
             message=f"worker {pod.name} was stopped by its node ({pod.reason})",
+            node_fault="NodePressure" if pod.reason == "Evicted" else None,  # a shutdown is no fault of the node
         )
     if pod.reason == "NodeLost":
-        return Failure("NodeLost", counted=False, action="replace", message=f"worker {pod.name} was lost with its node")
+        return Failure(
+            "NodeLost",
+            counted=False,
+            action="replace",
+            message=f"worker {pod.name} was lost with its node",
+            node_fault="NodeLost",
+        )
     if pod.reason and (pod.reason.startswith("OutOf") or pod.reason == "UnexpectedAdmissionError"):
         return Failure(
             "NodeRejected",
             counted=False,
             action="replace",
             message=f"worker {pod.name} was refused by its node ({pod.reason})",
+            node_fault="NodeRejected",
         )
+    fault = node_error(pod.termination_message)
     if pod.terminated_reason == "OOMKilled":
-        return Failure("OOMKilled", counted=True, action="replace", message=_describe(pod))
-    return Failure("WorkerFailed", counted=True, action="replace", message=_describe(pod))
+        return Failure("OOMKilled", counted=True, action="replace", message=_describe(pod), node_fault=fault)
+    return Failure("WorkerFailed", counted=True, action="replace", message=_describe(pod), node_fault=fault)
+
+
+def _disruption_node_fault(pod: PodRecord) -> str | None:
+    fault = DISRUPTION_NODE_FAULTS.get(pod.disruption_reason or "")
+    if fault == "NodePressure" and pod.reason != "Evicted":
+        return None  # the kubelet also terminates pods for a graceful node shutdown: no fault of the node
+    return fault
+
+
+def node_error(termination_message: str | None) -> str | None:
+    """GPUError or NCCLError when the termination message shows the node's hardware or fabric
+    failing (``NODE_ERROR_PATTERNS``), else None."""
+    if not termination_message:
+        return None
+    text = termination_message[:MAX_SCANNED]
+    return next((fault for fault, pattern in NODE_ERROR_PATTERNS if pattern.search(text)), None)

@@ -203,8 +203,9 @@ class Observed:
     """API (e.g. ``scheduling.x-k8s.io/v1alpha1 podgroups``) -> why the operator cannot use it."""
     node_capacity: str = ""
     """Fingerprint of the schedulable nodes' capacity ("" when nodes are not watched)."""
-    node_allocatable: tuple[Mapping[str, Decimal], ...] = ()
-    """Allocatable resources of each schedulable node, in base units (empty when nodes are not watched)."""
+    node_allocatable: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
+    """Node name -> allocatable resources of each schedulable node, in base units (empty when nodes
+    are not watched)."""
     workload: QueuedWorkload | None = None
     """Kueue's Workload for the current attempt's pod group (gang.scheduler kueue)."""
     isolation: JobIsolation | None = None

@@ -4,7 +4,9 @@ not be created or what the job waits for can never come."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any, Literal
 
 from phalanx.reconcile import capacity, desired, naming
@@ -30,7 +32,9 @@ def scaling(
         kueue_total = totals.pop() if len(totals) == 1 else wanted
     taken = {pod.name for pod in context.observed.workers()}
     slots = [
-        desired.worker_pod(job, launch, index=index, attempt=memory.attempt, kueue_total=kueue_total)
+        desired.worker_pod(
+            job, launch, index=index, attempt=memory.attempt, kueue_total=kueue_total, avoid=memory.avoided_nodes
+        )
         for index in range(wanted)
         if naming.worker_pod_name(job.metadata.name, index) not in taken
     ]
@@ -140,13 +144,40 @@ def beyond_capacity(context: Context, launch: Launch, step: Step, current: list[
         return replace(step, view=PhaseView(view.phase, *stall), stall=stall)
     if not any(pod.unschedulable_message for pod in current if pod.active):
         return step  # the scheduler has not given up on any worker
-    why = capacity.shortfall(
-        desired.worker_requests(context.job, launch), context.observed.node_allocatable, context.spec.workers.desired
-    )
-    if why is None:
+    per_worker = desired.worker_requests(context.job, launch)
+    nodes = context.observed.node_allocatable
+    why = capacity.shortfall(per_worker, tuple(nodes.values()), context.spec.workers.desired)
+    if why is not None:
+        return replace(
+            step,
+            view=PhaseView(view.phase, "InsufficientCapacity", f"{view.message}; {why}"),
+            stall=("InsufficientCapacity", why),
+        )
+    return kept_off(context, step, per_worker)
+
+
+def kept_off(context: Context, step: Step, per_worker: Mapping[str, Decimal]) -> Step:
+    """A job that waits for nodes while it keeps off some (failurePolicy.avoidNodeSeconds) says so;
+    Stalled (NodesAvoided) when the other schedulable nodes cannot hold workers.min of its workers.
+    It clears when the avoidance ends or nodes are added."""
+    view, avoided = step.view, step.memory.avoided
+    if view is None or not avoided:
         return step
-    return replace(
-        step,
-        view=PhaseView(view.phase, "InsufficientCapacity", f"{view.message}; {why}"),
-        stall=("InsufficientCapacity", why),
-    )
+    names = ", ".join(f"{entry.node} ({entry.reason})" for entry in avoided)
+    ends = min(entry.until for entry in avoided)
+    note = f"this job keeps off {len(avoided)} node(s) after failures until {ends} at the earliest: {names}"
+    nodes = context.observed.node_allocatable
+    minimum = context.spec.workers.min
+    usable = tuple(offer for name, offer in nodes.items() if name not in step.memory.avoided_nodes)
+    fits = capacity.workers_that_fit(per_worker, usable) if nodes else -1
+    if 0 <= fits < minimum:
+        message = (
+            f"{note}; the other {len(usable)} schedulable node(s) can hold {fits} of the {minimum} worker(s) "
+            "it needs (workers.min)"
+        )
+        return replace(
+            step,
+            view=PhaseView(view.phase, "NodesAvoided", f"{view.message}; {message}"),
+            stall=("NodesAvoided", message),
+        )
+    return replace(step, view=PhaseView(view.phase, view.reason, f"{view.message}; {note}"))

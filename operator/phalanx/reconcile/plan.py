@@ -107,6 +107,10 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     status["startTime"] = memory.start_time
     status["completionTime"] = memory.completion_time
     status["restartNotBefore"] = memory.restart_not_before
+    status["avoidedNodes"] = [
+        {"node": entry.node, "reason": entry.reason, "message": entry.message, "until": entry.until}
+        for entry in memory.avoided
+    ] or None
     requeue = decision.actions.requeue
     return Plan(
         apply=decision.apply,

@@ -22,11 +22,14 @@ from datetime import timedelta
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming
-from phalanx.reconcile.actions import event, requeue
-from phalanx.reconcile.decision import Context, Memory, Step, finish
+from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
+from phalanx.reconcile.decision import Avoidance, Context, Memory, Step, finish
 from phalanx.reconcile.failures import Failure, classify
 from phalanx.reconcile.observed import PodRecord
 from phalanx.reconcile.status import PhaseView, format_time, parse_time
+
+AVOIDANCE_MESSAGE = 256
+"""Characters of the failure kept with an avoided node in status (the Event has it whole)."""
 
 
 def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) -> Step:
@@ -72,6 +75,11 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
     ]
     if not failures and not store_lost and not deleted:
         return Step(memory, actions)
+    blamed = list(failures)
+    if store_lost and store is not None and (lost := classify(store, node_lost=context.node_lost(store))) is not None:
+        blamed.append((store, lost))
+    memory, avoiding = avoid_nodes(context, memory, blamed)
+    actions += avoiding
     failed = {pod.name for pod, _ in failures}
     survivors = [pod for pod in current if pod.active and pod.name not in failed and not memory.already_counted(pod)]
     # A Kueue pod group has a fixed size and is never refilled: losing a worker ends it.
@@ -95,6 +103,28 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
         )
         return replace(exhausted, actions=actions + exhausted.actions)
     return Step(memory, actions)
+
+
+def avoid_nodes(context: Context, memory: Memory, failures: list[tuple[PodRecord, Failure]]) -> tuple[Memory, Actions]:
+    """The nodes to blame for ``failures`` avoided for failurePolicy.avoidNodeSeconds (recorded in the
+    same status write as the failures, so once), and an Event for each node newly avoided."""
+    seconds = context.spec.failure_policy.avoid_node_seconds
+    actions = NOTHING
+    if not seconds:
+        return memory, actions
+    until = format_time(context.now + timedelta(seconds=seconds))
+    for pod, failure in failures:
+        node = pod.node_name
+        if failure.node_fault is None or not node:
+            continue
+        if node not in memory.avoided_nodes:
+            actions += event(
+                "Warning",
+                "AvoidingNode",
+                f"this job's new pods keep off node {node} until {until} ({failure.node_fault}): {failure.message}",
+            )
+        memory = memory.avoiding(Avoidance(node, failure.node_fault, failure.message[:AVOIDANCE_MESSAGE], until))
+    return memory, actions
 
 
 def no_progress(context: Context, memory: Memory, current: list[PodRecord]) -> Step:
