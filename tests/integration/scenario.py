@@ -185,7 +185,9 @@ def wait_workers(
             name: (attempts(last)[name], pod["status"].get("phase"), bool(pod["metadata"].get("deletionTimestamp")))
             for name, pod in last.items()
         }
-        raise AssertionError(f"{error}; worker pods (attempt, phase, deleting): {seen}") from None
+        raise AssertionError(
+            f"{error}; worker pods (attempt, phase, deleting): {seen}; events: {event_summary(kubectl, namespace)}"
+        ) from None
 
 
 def running_and_ready(pods: dict[str, dict[str, Any]], names: set[str]) -> bool:

@@ -404,7 +404,7 @@ def test_a_gpu_error_keeps_the_jobs_later_pods_off_that_node(
     run on two nodes, one worker each: the replacement may not go back to the free node it failed
     on, so the scheduler leaves it Pending, and the job says which node it keeps off and why."""
     allowed = gpu_nodes[:2]
-    only_two = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": allowed}]}
+    only_two = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": allowed}]}
     affinity = {
         **ANTI_AFFINITY,
         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [only_two]}},
@@ -437,7 +437,7 @@ def test_a_gpu_error_keeps_the_jobs_later_pods_off_that_node(
     after = wait_workers(kubectl, namespace, replacement_unschedulable, f"{victim} replaced and left unscheduled")
     terms = after[victim]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"] == [
-        {"matchFields": [only_two["matchFields"][0], {"key": "metadata.name", "operator": "NotIn", "values": [node]}]}
+        {**only_two, "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [node]}]}
     ]
     node_object = kubectl.get("node", node)
     assert node_object is not None and node_object["spec"].get("unschedulable") is not True  # never cordoned
@@ -646,20 +646,28 @@ def test_deleting_pods_by_hand_never_resets_the_restart_count(
     restart = wait_event(kubectl, namespace, "GangRestart", "attempt 1")
     assert restart["type"] == "Warning" and "deleted" in restart["message"], restart["message"]
 
-    # losing the rendezvous store restarts the gang, uncounted; the budget stays spent
+    # losing the rendezvous store restarts the gang, uncounted; the budget stays spent. KWOK removes
+    # a stopped pod by name (v0.7.0 sets no UID precondition, a kubelet does): on a loaded host its
+    # late delete of the old store can take the new one too, which is one more store loss
     kubectl.delete("pod", naming.rendezvous_name(JOB), namespace, wait=False)
     wait_workers(
         kubectl,
         namespace,
-        lambda p: running_and_ready(p, set(before)) and set(attempts(p).values()) == {"2"},
+        lambda p: (
+            running_and_ready(p, set(before))
+            and len(set(attempts(p).values())) == 1
+            and "1" not in attempts(p).values()
+        ),
         "the gang restarted as attempt 2",
     )
     state = wait_running(kubectl, namespace, 3)
+    lost = state["restartsByReason"].get("RendezvousStoreLost", 0)
+    assert lost in (1, 2), event_summary(kubectl, namespace)
     assert (state["restarts"], state["restartsByReason"], state["attempt"]) == (
         1,
-        {"RendezvousStoreLost": 1, "WorkerFailed": 1, "WorkersDeleted": 1},
-        2,
-    )
+        {"RendezvousStoreLost": lost, "WorkerFailed": 1, "WorkersDeleted": 1},
+        1 + lost,
+    ), event_summary(kubectl, namespace)
     restarts = [m for _, r, m in event_summary(kubectl, namespace) if r == "GangRestart"]
     assert any("rendezvous store" in m and "attempt 2" in m for m in restarts), restarts
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from phalanx.reconcile import naming
+from phalanx.reconcile import desired, naming
 from phalanx.reconcile.failures import node_error
 from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job
@@ -146,6 +146,25 @@ def test_the_store_lost_with_its_node_comes_back_elsewhere() -> None:
     world.finish_terminating()
     world.settle()
     assert kept_off(world.pods[naming.rendezvous_name("demo")]) == [["node-b"]]
+
+
+def test_each_avoided_node_is_a_requirement_of_its_own() -> None:
+    """The API server allows one value per matchFields requirement on metadata.name."""
+    spec: dict[str, Any] = {}
+    desired.keep_off(spec, ["node-c", "node-b"])
+    assert spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [
+            {
+                "matchFields": [
+                    {"key": "metadata.name", "operator": "NotIn", "values": ["node-b"]},
+                    {"key": "metadata.name", "operator": "NotIn", "values": ["node-c"]},
+                ]
+            }
+        ]
+    }
+    untouched: dict[str, Any] = {}
+    desired.keep_off(untouched, [])
+    assert untouched == {}
 
 
 def test_the_users_own_required_node_terms_each_keep_off_the_node() -> None:

@@ -76,6 +76,9 @@ class EventRecorder:
         self._sending = 0
 
     def record(self, job: Mapping[str, Any], event: Event, now: datetime) -> None:
+        if event.type == "Warning":  # what went wrong stays in the log when Events have expired
+            metadata = job.get("metadata") or {}
+            logger.info("%s/%s: %s: %s", metadata.get("namespace"), metadata.get("name"), event.reason, event.message)
         if len(self._pending) >= self.backlog:
             lost = self._pending.popleft()
             self.dropped += 1

@@ -188,18 +188,19 @@ def _template_spec(job: api.TrainingJob) -> dict[str, Any]:
 
 def keep_off(pod_spec: dict[str, Any], nodes: Sequence[str]) -> None:
     """Require the pod to stay off ``nodes`` (by node name, ``matchFields`` on ``metadata.name``,
-    which unlike the hostname label always names the node): added to every required node selector
-    term, since the terms are alternatives."""
+    which unlike the hostname label always names the node): one requirement per node (the API
+    allows one value per field requirement; requirements of a term all hold), added to every
+    required node selector term, since the terms are alternatives."""
     if not nodes:
         return
-    requirement = {"key": "metadata.name", "operator": "NotIn", "values": sorted(nodes)}
     affinity = pod_spec.setdefault("affinity", {}).setdefault("nodeAffinity", {})
     required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.setdefault("nodeSelectorTerms", [])
     if not terms:
         terms.append({})
     for term in terms:
-        term.setdefault("matchFields", []).append(copy.deepcopy(requirement))
+        fields = term.setdefault("matchFields", [])
+        fields += [{"key": "metadata.name", "operator": "NotIn", "values": [node]} for node in sorted(nodes)]
 
 
 def rendezvous_store_pod(job: api.TrainingJob, launch: Launch, *, avoid: Sequence[str] = ()) -> Object:
