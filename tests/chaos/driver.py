@@ -69,7 +69,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import yaml
@@ -248,6 +248,8 @@ class Report:
     hostile_pages_served: int = 0
     writes_audited: int = 0
     force_deletes: int = 0
+    avoidances: set[tuple[str, str, str]] = field(default_factory=set)  # (job uid, node, until) seen in status
+    pods_placed_while_avoiding: set[str] = field(default_factory=set)  # UIDs
     peak_rss_mib: float = 0.0
     counted_failures: int = 0
     violations: list[str] = field(default_factory=list)
@@ -285,6 +287,8 @@ class Report:
             "hostile_acts": dict(sorted(self.hostile_acts.items())),
             "hostile_pages_served": self.hostile_pages_served,
             "pods_force_deleted": self.force_deletes,
+            "nodes_avoided_by_jobs": len(self.avoidances),
+            "pods_created_while_their_job_avoided_nodes": len(self.pods_placed_while_avoiding),
             "peak_rss_mib": round(self.peak_rss_mib, 1),
             "rss_limit_mib": RSS_LIMIT_MIB,
             "violations": self.violations,
@@ -769,9 +773,12 @@ class ChaosRun:
         ]
 
     def _break_node(self) -> None:
-        """NotReady for longer than the operator's node-lost grace: its pods must be replaced."""
+        """NotReady for longer than the operator's node-lost grace: its pods must be replaced, and
+        their jobs keep off it (a node that runs pods, when one does)."""
         assert self.cluster is not None
-        node = self.rng.choice(self._healthy_nodes())
+        healthy = self._healthy_nodes()
+        busy = sorted({pod["spec"]["nodeName"] for pod in self._live_pods_on(set(healthy))})
+        node = self.rng.choice(busy or healthy)
         self.cluster.set_node_not_ready(node, wait=False)
         self.report.node_faults += 1
         self.broken_nodes[node] = time.monotonic() + LONG_NOT_READY
@@ -1230,6 +1237,33 @@ class ChaosRun:
         for (owner, index), count in slots.items():
             if count > 1:
                 self.violate(f"{count} live pods for worker slot {index} of job uid {owner}")
+        self._check_avoidance(jobs, pods)
+
+    def _check_avoidance(self, jobs: dict[str, dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        """A pod created after its job began to avoid a node (status.avoidedNodes) is never placed
+        there. The avoidance began ``avoidNodeSeconds`` before its ``until``; a pod of that very
+        second is not judged (it may have been created just before the status write)."""
+        began: dict[str, dict[str, datetime]] = {}
+        for job in jobs.values():
+            uid = job["metadata"]["uid"]
+            seconds = int(((job.get("spec") or {}).get("failurePolicy") or {}).get("avoidNodeSeconds", 3600))
+            for entry in (job.get("status") or {}).get("avoidedNodes") or []:
+                self.report.avoidances.add((uid, entry["node"], entry["until"]))
+                until = datetime.fromisoformat(entry["until"].replace("Z", "+00:00"))
+                began.setdefault(uid, {})[entry["node"]] = until - timedelta(seconds=seconds)
+        for pod in pods:
+            metadata = pod["metadata"]
+            owner = next((r["uid"] for r in metadata.get("ownerReferences") or [] if r.get("controller")), None)
+            node = pod["spec"].get("nodeName")
+            avoided = began.get(owner or "", {})
+            created = metadata.get("creationTimestamp")
+            if not avoided or not created:
+                continue
+            created_at = datetime.fromisoformat(created.replace("Z", "+00:00"))
+            if node and any(created_at > since for since in avoided.values()):
+                self.report.pods_placed_while_avoiding.add(metadata["uid"])
+            if node in avoided and created_at > avoided[node]:
+                self.violate(f"pod {metadata['name']} created after its job began to avoid node {node} runs there")
 
     # -- one job ---------------------------------------------------------------------------------
 
@@ -1509,6 +1543,8 @@ def summary_line(report: Report) -> str:
         f"{figures['watch_cuts']} watch cuts, {figures['node_faults']} nodes NotReady past the grace, "
         f"{figures['node_flaps']} flaps, {figures['brownouts']} brownouts ({figures['brownout_nodes']} nodes), "
         f"{sum(figures['hostile_acts'].values())} hostile acts ({figures['hostile_pages_served']} pages served), "
-        f"{figures['writes_audited']} writes audited, peak RSS {figures['peak_rss_mib']} MiB, "
+        f"{figures['writes_audited']} writes audited, {figures['nodes_avoided_by_jobs']} nodes avoided by jobs "
+        f"({figures['pods_created_while_their_job_avoided_nodes']} pods placed while they were), "
+        f"peak RSS {figures['peak_rss_mib']} MiB, "
         f"{len(figures['violations'])} violations in {figures['seconds']}s"
     )

@@ -123,6 +123,20 @@ def test_an_application_error_or_a_node_shutdown_avoids_no_node_and_0_seconds_tu
     assert "avoidedNodes" not in world.status and kept_off(world.pods["demo-worker-2"]) == []
 
 
+def test_a_worker_the_taint_manager_deletes_keeps_its_successor_off_the_node() -> None:
+    world = running_with_worker_2_on_node_b(World(job()))
+    pod = world.pods["demo-worker-2"]
+    pod["status"]["conditions"].append(
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}
+    )
+    pod["metadata"]["deletionTimestamp"] = format_time(world.now)
+    world.reconcile()
+    assert [(e["node"], e["reason"]) for e in world.status["avoidedNodes"]] == [("node-b", "NodeLost")]
+    world.finish_terminating()
+    world.settle()
+    assert kept_off(world.pods["demo-worker-2"]) == [["node-b"]]
+
+
 def test_a_pressure_eviction_avoids_the_node() -> None:
     world = running_with_worker_2_on_node_b(World(job()))
     pod = world.pods["demo-worker-2"]

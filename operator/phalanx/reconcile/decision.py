@@ -78,11 +78,10 @@ class Memory:
         return tuple(entry.node for entry in self.avoided)
 
     def avoiding(self, entry: Avoidance) -> Memory:
-        """``entry``'s node avoided until its time (a later time than one already held wins)."""
+        """``entry``'s node avoided until its time; a node already avoided keeps its entry (a pod
+        deleted for its node is seen on every pass until it is gone, and must not push it back)."""
         held = {one.node: one for one in self.avoided}
-        before = held.get(entry.node)
-        if before is None or before.until < entry.until:  # RFC 3339 UTC strings order as times
-            held[entry.node] = entry
+        held.setdefault(entry.node, entry)
         return replace(self, avoided=tuple(held[node] for node in sorted(held)))
 
     def avoiding_until(self, now: datetime) -> Memory:

@@ -75,9 +75,11 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
     ]
     if not failures and not store_lost and not deleted:
         return Step(memory, actions)
+    # and the pods deleted for their node (the taint manager, the pod garbage collector), the lost store
     blamed = list(failures)
-    if store_lost and store is not None and (lost := classify(store, node_lost=context.node_lost(store))) is not None:
-        blamed.append((store, lost))
+    for pod in [*deleted, *([store] if store_lost and store is not None else [])]:
+        if (lost := classify(pod, node_lost=context.node_lost(pod))) is not None:
+            blamed.append((pod, lost))
     memory, avoiding = avoid_nodes(context, memory, blamed)
     actions += avoiding
     failed = {pod.name for pod, _ in failures}
