@@ -57,6 +57,12 @@ def kubectl(real_cluster: Any) -> Kubectl:
 
 @pytest.fixture
 def namespace(kubectl: Kubectl) -> Iterator[str]:
+    from tests.cluster.node.realnode import node_pressure
+
+    node = kubectl.get("node", "real-node")
+    why = node_pressure(node) if node is not None else None
+    if why is not None:  # its pods would never start: every test would wait out its timeouts
+        pytest.fail(f"the real node cannot take pods: {why}")
     with kubectl.temporary_namespace("e2e") as name:
         yield name
 

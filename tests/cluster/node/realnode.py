@@ -752,6 +752,24 @@ def cluster_with_real_node(
     )
 
 
+def node_pressure(node: dict[str, Any]) -> str | None:
+    """The pressure conditions a node reports (its kubelet taints itself and admits no new pods),
+    with the host's free disk (the kubelet's eviction threshold is 1 % here), or None."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    pressed = [
+        f"{c['type']} ({c.get('message') or c.get('reason') or 'no message'})"
+        for c in conditions
+        if c.get("type", "").endswith("Pressure") and c.get("status") == "True"
+    ]
+    if not pressed:
+        return None
+    usage = shutil.disk_usage("/")
+    return (
+        f"node {node['metadata']['name']} reports {', '.join(pressed)}; the host has "
+        f"{usage.free / 2**30:.1f} GiB of {usage.total / 2**30:.0f} GiB free"
+    )
+
+
 def _main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
