@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+import pydantic
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from phalanx.api import v1alpha1 as api
+from phalanx.reconcile.goodput import effective_training_ratio, seconds_by_state
 from phalanx.reconcile.status import parse_time
 
 RECONCILE_TOTAL = Counter("controller_runtime_reconcile_total", "Reconcile passes by result.", ["controller", "result"])
@@ -76,6 +80,50 @@ WATCH_SCOPE_SYNCED = Gauge(
     '1 when every watch a namespace\'s jobs need ("cluster": a cluster-wide watch) is synced; its jobs wait otherwise.',
     ["namespace"],
 )
+
+
+class JobTimeCollector:
+    """Each job's time by state (``status.timeByState``) as of the scrape, the current state's
+    running time included: ``phalanx_job_state_seconds_total`` and
+    ``phalanx_job_effective_training_ratio``."""
+
+    def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self._jobs: dict[tuple[str, str], api.TimeByState] = {}
+        self._clock = clock
+
+    def observe(self, key: tuple[str, str], time_by_state: Mapping[str, Any] | None) -> None:
+        if not time_by_state:
+            return
+        try:
+            self._jobs[key] = api.TimeByState.model_validate(time_by_state)
+        except pydantic.ValidationError:
+            return  # written by another version: the last good one stays
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._jobs.pop(key, None)
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._clock()
+        seconds = CounterMetricFamily(
+            "phalanx_job_state_seconds",
+            "Seconds the job spent queued, starting, training, recovering (by the gang restart's cause) or suspended.",
+            labels=[*JOB, "state", "cause"],
+        )
+        ratio = GaugeMetricFamily(
+            "phalanx_job_effective_training_ratio",
+            "Training time over the job's time so far, suspension left out (0..1).",
+            labels=JOB,
+        )
+        for (namespace, name), counts in list(self._jobs.items()):
+            for (state, cause), spent in sorted(seconds_by_state(counts, now).items()):
+                seconds.add_metric([namespace, name, state, cause], spent)
+            ratio.add_metric([namespace, name], effective_training_ratio(counts, now))
+        yield seconds
+        yield ratio
+
+
+JOB_TIME = JobTimeCollector()
+REGISTRY.register(JOB_TIME)
 _PER_JOB = (
     WORKERS_DESIRED,
     WORKERS_READY,
@@ -164,6 +212,7 @@ def observe_job(key: tuple[str, str], sample: JobSample) -> None:
     if sample.max_restarts is not None:
         RESTART_BUDGET_LIMIT.labels(namespace, name).set(sample.max_restarts)
     GOODPUT.labels(namespace, name).set(goodput(status, sample.created, sample.now))
+    JOB_TIME.observe(key, status.get("timeByState") or sample.previous_status.get("timeByState"))
     if sample.rescaled:
         RESCALES.labels(namespace, name, sample.rescaled).inc()
     started = parse_time(status.get("startTime"))
@@ -200,6 +249,7 @@ def forget_job(key: tuple[str, str]) -> None:
     """Drop the series of a deleted job."""
     namespace, name = key
     seen = _seen.pop(key, None)
+    JOB_TIME.forget(key)
     for phase in PHASES:
         with contextlib.suppress(KeyError):
             JOB_PHASE.remove(namespace, name, phase)

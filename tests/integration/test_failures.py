@@ -188,6 +188,10 @@ def test_too_few_survivors_restart_the_gang_after_the_backoff(
         assert old_id and new_id and old_id != new_id and new_id.endswith("-1"), (old_id, new_id)
         assert env(pod)["PHALANX_ATTEMPT"] == "1"
     assert store_pod(kubectl, namespace)["metadata"]["uid"] == store_uid  # the store outlives worker failures
+    # where the time went: the restart's cost is kept by its cause, from the failure to training again
+    spent = state["timeByState"]
+    assert (spent["state"], spent.get("cause")) == ("training", None), spent
+    assert set(spent["recoveringByCause"]) == {"WorkerFailed"} and spent["recovering"] >= 2, spent  # the 2 s backoff
 
 
 def test_restart_budget_exhausted_fails_the_job(

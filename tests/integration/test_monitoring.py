@@ -206,6 +206,14 @@ def operator_exposition() -> str:
         "restartsByReason": {"WorkerFailed": 1},
         "workers": {"desired": 4, "ready": 4},
         "startTime": "2026-12-01T11:05:00Z",
+        "timeByState": {
+            "queued": 240,
+            "starting": 60,
+            "recovering": 30,
+            "recoveringByCause": {"WorkerFailed": 30},
+            "state": "training",
+            "since": "2026-12-01T11:05:30Z",
+        },
     }
     for previous, status, rescaled in (({}, pending, None), (pending, running, "up")):
         sample = metrics.JobSample(

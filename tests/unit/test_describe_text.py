@@ -505,3 +505,22 @@ def test_the_nodes_a_job_keeps_off_are_listed_with_their_failure() -> None:
         ["gpu-7", "GPUError", "2026-03-01T13:00:00Z", "worker llama-worker-2 exited | Xid 79"],
     ]
     assert "Avoided Nodes:" not in render()
+
+
+def test_where_the_time_went_includes_the_current_state() -> None:
+    job = copy.deepcopy(JOB)
+    job["status"]["timeByState"] = {
+        "queued": 300,
+        "starting": 45,
+        "training": 2400,
+        "recovering": 90,
+        "recoveringByCause": {"WorkerFailed": 60, "NodeLost": 30},
+        "state": "training",
+        "since": "2026-03-01T11:50:00Z",  # 10 minutes before NOW
+    }
+    got = fields(render(job))
+    assert got["Time By State"] == (
+        "queued 5m, starting 45s, training 50m, recovering 90s (NodeLost 30s, WorkerFailed 60s), suspended 0s"
+    )
+    assert got["Effective Training"] == f"{3000 / 3435:.0%} of its time"
+    assert "Time By State" not in fields(render())

@@ -566,6 +566,44 @@ class LastCheckpoint(ApiModel):
     """When it was committed."""
 
 
+JobState = Literal["queued", "starting", "training", "recovering", "suspended"]
+
+
+class TimeByState(ApiModel):
+    """Where the job's wall time went, in seconds, up to ``since`` (the current state's time is
+    not in the counts until it ends; ``phalanx describe`` and the metrics add it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    queued: int = 0
+    """Waiting for admission (Kueue) or for nodes (Pending), outside a recovery."""
+
+    starting: int = 0
+    """Pods scheduled, containers and the world starting (Starting), outside a recovery."""
+
+    training: int = 0
+    """Running or Rescaling."""
+
+    recovering: int = 0
+    """From a gang restart until it trains again: backoff, old pods stopping, new pods queued and
+    starting (a worker replaced while the others train on is training, not recovering)."""
+
+    recovering_by_cause: dict[str, int] | None = None
+    """``recovering`` by the reason of the gang restart that began it (WorkerFailed, NodeLost, ...)."""
+
+    suspended: int = 0
+    """spec.suspend was true."""
+
+    state: JobState | None = None
+    """The current state (none once the job ended)."""
+
+    cause: str | None = None
+    """While recovering: the reason of the gang restart that began it."""
+
+    since: str | None = None
+    """When the current state began."""
+
+
 class AvoidedNode(ApiModel):
     """A node the job's new pods keep off (failurePolicy.avoidNodeSeconds)."""
 
@@ -642,6 +680,9 @@ class TrainingJobStatus(ApiModel):
 
     restart_not_before: str | None = None
     """The next gang attempt is not started before this time (backoff)."""
+
+    time_by_state: TimeByState | None = None
+    """Where the job's time went: queued, starting, training, recovering (by cause), suspended."""
 
     avoided_nodes: list[AvoidedNode] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]}

@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import pydantic
+
+from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming
+from phalanx.reconcile.goodput import STATES, effective_training_ratio, seconds_by_state
 from phalanx.reconcile.observed import pod_record
 from phalanx.reconcile.status import parse_time
 
@@ -277,6 +281,27 @@ def _events(events: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
     return [heading, *table(("Type", "Reason", "Age", "From", "Object", "Message"), rows)]
 
 
+def time_by_state(status: Mapping[str, Any], now: datetime) -> list[str]:
+    """Where the job's time went, the current state's time included, and its effective training."""
+    try:
+        counts = api.TimeByState.model_validate(status.get("timeByState") or {})
+    except pydantic.ValidationError:
+        return []
+    if counts.since is None and not any(getattr(counts, state) for state in STATES):
+        return []
+    seconds = seconds_by_state(counts, now)
+    parts = []
+    for state in STATES:
+        spent = sum(value for (name, _), value in seconds.items() if name == state)
+        part = f"{state} {human_duration(spent)}"
+        causes = [(cause, value) for (name, cause), value in sorted(seconds.items()) if name == state and cause]
+        if causes:
+            part += " (" + ", ".join(f"{cause} {human_duration(value)}" for cause, value in causes) + ")"
+        parts.append(part)
+    ratio = effective_training_ratio(counts, now)
+    return [field("Time By State", ", ".join(parts)), field("Effective Training", f"{ratio:.0%} of its time")]
+
+
 def describe(
     job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], now: datetime
 ) -> str:
@@ -317,6 +342,7 @@ def describe(
     lines.append(field("Started", _time_and_age(status.get("startTime"), now)))
     if status.get("completionTime"):
         lines.append(field("Completed", _time_and_age(status.get("completionTime"), now)))
+    lines += time_by_state(status, now)
     not_before = parse_time(status.get("restartNotBefore"))
     if not_before is not None and not_before > now and status.get("phase") == "Restarting":
         wait = human_duration((not_before - now).total_seconds())

@@ -22,6 +22,7 @@ from phalanx.reconcile import naming
 from phalanx.reconcile.actions import NOTHING, Deletion, Event
 from phalanx.reconcile.decide import decide
 from phalanx.reconcile.decision import Context, Decision, Memory, concluded, finish
+from phalanx.reconcile.goodput import time_by_state
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.status import TRAINING, PhaseView, conditions, format_time, parse_time
 
@@ -100,6 +101,9 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         ),
         "trainingSeconds": training_seconds(previous, view, now),
     }
+    spent = time_by_state(previous.time_by_state, view, job.metadata.creation_timestamp, now)
+    if spent is not None:  # unchanged: left out, as None would remove it
+        status["timeByState"] = spent
     worker_fields, checkpoint = progress_status(previous, observed, memory, view)
     status["workers"].update(worker_fields)
     if checkpoint is not None:
