@@ -84,23 +84,27 @@ WATCH_SCOPE_SYNCED = Gauge(
 
 class JobTimeCollector:
     """Each job's time by state (``status.timeByState``) as of the scrape, the current state's
-    running time included: ``phalanx_job_state_seconds_total`` and
-    ``phalanx_job_effective_training_ratio``."""
+    running time included (``phalanx_job_state_seconds_total``, ``phalanx_job_effective_training_ratio``),
+    and its steps computed again after restarts (``phalanx_job_recomputed_steps_total``)."""
 
     def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._jobs: dict[tuple[str, str], api.TimeByState] = {}
+        self._recomputed: dict[tuple[str, str], int] = {}
         self._clock = clock
 
-    def observe(self, key: tuple[str, str], time_by_state: Mapping[str, Any] | None) -> None:
-        if not time_by_state:
-            return
+    def observe(self, key: tuple[str, str], status: Mapping[str, Any]) -> None:
+        """Take a job's status (the keys a pass left out are taken as they were)."""
         try:
-            self._jobs[key] = api.TimeByState.model_validate(time_by_state)
+            if status.get("timeByState"):
+                self._jobs[key] = api.TimeByState.model_validate(status["timeByState"])
+            if status.get("recomputedSteps"):
+                self._recomputed[key] = api.RecomputedSteps.model_validate(status["recomputedSteps"]).total
         except pydantic.ValidationError:
             return  # written by another version: the last good one stays
 
     def forget(self, key: tuple[str, str]) -> None:
         self._jobs.pop(key, None)
+        self._recomputed.pop(key, None)
 
     def collect(self) -> Iterator[Metric]:
         now = self._clock()
@@ -114,12 +118,20 @@ class JobTimeCollector:
             "Training time over the job's time so far, suspension left out (0..1).",
             labels=JOB,
         )
+        recomputed = CounterMetricFamily(
+            "phalanx_job_recomputed_steps",
+            "Training steps computed again after worker replacements and gang restarts.",
+            labels=JOB,
+        )
         for (namespace, name), counts in list(self._jobs.items()):
             for (state, cause), spent in sorted(seconds_by_state(counts, now).items()):
                 seconds.add_metric([namespace, name, state, cause], spent)
             ratio.add_metric([namespace, name], effective_training_ratio(counts, now))
+        for (namespace, name), total in list(self._recomputed.items()):
+            recomputed.add_metric([namespace, name], total)
         yield seconds
         yield ratio
+        yield recomputed
 
 
 JOB_TIME = JobTimeCollector()
@@ -212,7 +224,7 @@ def observe_job(key: tuple[str, str], sample: JobSample) -> None:
     if sample.max_restarts is not None:
         RESTART_BUDGET_LIMIT.labels(namespace, name).set(sample.max_restarts)
     GOODPUT.labels(namespace, name).set(goodput(status, sample.created, sample.now))
-    JOB_TIME.observe(key, status.get("timeByState") or sample.previous_status.get("timeByState"))
+    JOB_TIME.observe(key, {**sample.previous_status, **status})
     if sample.rescaled:
         RESCALES.labels(namespace, name, sample.rescaled).inc()
     started = parse_time(status.get("startTime"))

@@ -250,3 +250,8 @@ def test_losing_two_workers_restarts_the_gang_from_the_checkpoint(
     assert resumed and resumed[0] >= 30, text  # the new gang started from the checkpoint, not from zero
     assert "attempt=1" in text
     assert final["lastCheckpoint"]["step"] > resumed[0], final
+    # steps computed twice: from where a run of the new attempt resumed to the step reached before
+    reached = restarted["recomputedSteps"]["reached"]
+    assert reached >= 30, restarted["recomputedSteps"]
+    assert final["recomputedSteps"]["total"] in {max(0, reached - step) for step in resumed}, (final, resumed)
+    assert "reached" not in final["recomputedSteps"], final

@@ -523,4 +523,7 @@ def test_where_the_time_went_includes_the_current_state() -> None:
         "queued 5m, starting 45s, training 50m, recovering 90s (NodeLost 30s, WorkerFailed 60s), suspended 0s"
     )
     assert got["Effective Training"] == f"{3000 / 3435:.0%} of its time"
+    assert "Steps Recomputed" not in got
+    job["status"]["recomputedSteps"] = {"total": 12, "reached": 240, "failedAt": "2026-03-01T11:59:00Z"}
+    assert fields(render(job))["Steps Recomputed"] == "12 (and the restart at step 240 waits for its new run)"
     assert "Time By State" not in fields(render())

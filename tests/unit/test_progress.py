@@ -261,3 +261,18 @@ def test_the_last_checkpoint_is_kept_and_only_a_newer_one_replaces_it() -> None:
     world.reconcile()
     assert world.status["lastCheckpoint"] == {"step": 150, "time": "2026-11-30T12:10:00Z"}
     assert not status_changed(world.job.status, world.plan().status)
+
+
+def test_a_run_is_told_by_the_step_it_resumed_at_when_it_began_and_the_step_it_reached() -> None:
+    metrics = served(4, 120)
+    before = datetime.now(UTC).replace(microsecond=0)
+    metrics.run_began(120)
+    for step in range(121, 128):
+        metrics.step_done(64, step)
+    progress = parse_progress(generate_latest(metrics.registry).decode(), attempt=1)
+    assert (progress.step, progress.resumed_step) == (127, 120)
+    assert progress.run_started is not None and progress.run_started >= before
+    inconsistent = (
+        "phalanx_worker_step 5\nphalanx_worker_resumed_step 9\nphalanx_worker_run_start_timestamp_seconds 1700000000\n"
+    )
+    assert parse_progress(inconsistent, attempt=0) == WorkerProgress(attempt=0)  # resumed past its own step

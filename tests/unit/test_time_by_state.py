@@ -4,13 +4,14 @@ job trains again and is kept by its cause."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from prometheus_client import CollectorRegistry
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile.goodput import effective_training_ratio, seconds_by_state
+from phalanx.reconcile.observed import WorkerProgress
 from phalanx.reconcile.status import format_time, parse_time
 from tests.unit.jobs import job
 from tests.unit.simulation import START, World
@@ -119,25 +120,75 @@ def test_the_operator_exports_time_by_state_as_of_the_scrape() -> None:
     collector = metrics.JobTimeCollector(clock=lambda: now)
     registry = CollectorRegistry()
     registry.register(collector)
-    collector.observe(
-        ("ml", "llama"),
-        {
-            "queued": 10,
-            "training": 60,
-            "recovering": 30,
-            "recoveringByCause": {"WorkerFailed": 30},
-            "state": "recovering",
-            "cause": "NodeLost",
-            "since": format_time(START + timedelta(seconds=100)),
-        },
-    )
+    time_by_state = {
+        "queued": 10,
+        "training": 60,
+        "recovering": 30,
+        "recoveringByCause": {"WorkerFailed": 30},
+        "state": "recovering",
+        "cause": "NodeLost",
+        "since": format_time(START + timedelta(seconds=100)),
+    }
+    collector.observe(("ml", "llama"), {"timeByState": time_by_state, "recomputedSteps": {"total": 42}})
     sample = registry.get_sample_value
     labels = {"namespace": "ml", "name": "llama"}
     assert sample("phalanx_job_state_seconds_total", {**labels, "state": "training", "cause": ""}) == 60
     assert sample("phalanx_job_state_seconds_total", {**labels, "state": "recovering", "cause": "WorkerFailed"}) == 30
     assert sample("phalanx_job_state_seconds_total", {**labels, "state": "recovering", "cause": "NodeLost"}) == 30
     assert sample("phalanx_job_effective_training_ratio", labels) == 60 / 130
-    collector.observe(("ml", "llama"), {"state": "no such state"})  # another version's: the last good one stays
+    assert sample("phalanx_job_recomputed_steps_total", labels) == 42
+    collector.observe(("ml", "llama"), {"timeByState": {"state": "no such state"}})  # another version's: kept
     assert sample("phalanx_job_state_seconds_total", {**labels, "state": "training", "cause": ""}) == 60
     collector.forget(("ml", "llama"))
     assert sample("phalanx_job_effective_training_ratio", labels) is None
+    assert sample("phalanx_job_recomputed_steps_total", labels) is None
+
+
+def progress(step: int, resumed: int, began: datetime, attempt: int = 0) -> WorkerProgress:
+    return WorkerProgress(attempt=attempt, step=step, resumed_step=resumed, run_started=began, steps=step - resumed)
+
+
+def test_steps_computed_again_are_the_reached_step_less_the_one_the_new_run_resumed_at_counted_once() -> None:
+    world = World(job(workers={"min": 3, "desired": 3}, failurePolicy={"backoffSeconds": 0}))
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.progress = progress(137, 100, START - timedelta(minutes=5))  # checkpoints every 10 steps: one at 130
+    world.reconcile()
+    assert "recomputedSteps" not in world.status
+    world.terminate("demo-worker-1", 1)  # too few survivors: the gang restarts
+    world.reconcile()
+    failed_at = format_time(world.now)
+    assert world.status["recomputedSteps"] == {"total": 0, "reached": 137, "failedAt": failed_at}
+    world.advance(5)
+    world.finish_terminating()
+    world.settle()
+    world.reconcile()  # the old run's page, scraped before the restart, changes nothing
+    assert world.status["recomputedSteps"]["reached"] == 137
+    world.run()
+    world.progress = progress(131, 130, world.now, attempt=1)  # the new run resumed at 130
+    world.reconcile()
+    assert world.status["recomputedSteps"] == {"total": 7}
+    world.reconcile()
+    assert world.status["recomputedSteps"] == {"total": 7}  # once
+
+    # a worker replaced while the others train on: their processes restart from the checkpoint too
+    world.progress = progress(158, 130, world.now - timedelta(seconds=1), attempt=1)
+    world.advance(30)
+    world.terminate("demo-worker-0", 1)
+    world.body["spec"]["workers"]["min"] = 1
+    world.reconcile()
+    assert world.status["recomputedSteps"]["reached"] == 158
+    world.progress = progress(151, 150, world.now + timedelta(seconds=2), attempt=1)
+    world.reconcile()
+    assert world.status["recomputedSteps"] == {"total": 15}
+
+
+def test_without_a_step_from_the_workers_nothing_is_counted() -> None:
+    world = World(job(workers={"min": 3, "desired": 3}, failurePolicy={"backoffSeconds": 0}))
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.terminate("demo-worker-1", 1)
+    world.reconcile()
+    assert "recomputedSteps" not in world.status

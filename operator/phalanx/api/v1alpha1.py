@@ -604,6 +604,23 @@ class TimeByState(ApiModel):
     """When the current state began."""
 
 
+class RecomputedSteps(ApiModel):
+    """Training steps computed twice: at each worker replacement or gang restart, the steps from
+    the one its processes resumed at to the one the job had reached."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    total: int = 0
+    """Steps computed again after restarts, in all."""
+
+    reached: int | None = None
+    """While a restart's processes have not resumed yet: the step the job had reached (the reporting
+    worker's, as of the operator's last scrape)."""
+
+    failed_at: str | None = None
+    """While ``reached`` is set: when the restart was decided (a run that began later is the new one)."""
+
+
 class AvoidedNode(ApiModel):
     """A node the job's new pods keep off (failurePolicy.avoidNodeSeconds)."""
 
@@ -680,6 +697,9 @@ class TrainingJobStatus(ApiModel):
 
     restart_not_before: str | None = None
     """The next gang attempt is not started before this time (backoff)."""
+
+    recomputed_steps: RecomputedSteps | None = None
+    """Steps computed again after restarts (workers using phalanx.worker report their steps)."""
 
     time_by_state: TimeByState | None = None
     """Where the job's time went: queued, starting, training, recovering (by cause), suspended."""

@@ -299,7 +299,13 @@ def time_by_state(status: Mapping[str, Any], now: datetime) -> list[str]:
             part += " (" + ", ".join(f"{cause} {human_duration(value)}" for cause, value in causes) + ")"
         parts.append(part)
     ratio = effective_training_ratio(counts, now)
-    return [field("Time By State", ", ".join(parts)), field("Effective Training", f"{ratio:.0%} of its time")]
+    lines = [field("Time By State", ", ".join(parts)), field("Effective Training", f"{ratio:.0%} of its time")]
+    recomputed = status.get("recomputedSteps") or {}
+    if recomputed:
+        waiting = recomputed.get("reached")
+        note = f" (and the restart at step {waiting} waits for its new run)" if waiting is not None else ""
+        lines.append(field("Steps Recomputed", f"{recomputed.get('total', 0)}{note}"))
+    return lines
 
 
 def describe(

@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 
 WORLD_SIZE = "phalanx_worker_world_size"
 STEPS = "phalanx_worker_steps_total"
+STEP = "phalanx_worker_step"
+RESUMED_STEP = "phalanx_worker_resumed_step"
+RUN_START = "phalanx_worker_run_start_timestamp_seconds"
 CHECKPOINT_STEP = "phalanx_worker_last_checkpoint_step"
 CHECKPOINT_TIME = "phalanx_worker_last_checkpoint_timestamp_seconds"
 COMPLETED = ("phalanx_training_completed_attempt", "phalanx_training_completed_step", "phalanx_training_completed_rank")
@@ -105,22 +108,28 @@ def _count(value: float | None, *, minimum: int = 0) -> int | None:
 
 def parse_progress(text: str, attempt: int) -> WorkerProgress:
     """Read the world size and the last checkpoint out of a worker's /metrics text."""
-    values = _samples(text, (WORLD_SIZE, CHECKPOINT_STEP, CHECKPOINT_TIME, STEPS))
+    values = _samples(text, (WORLD_SIZE, CHECKPOINT_STEP, CHECKPOINT_TIME, STEPS, STEP, RESUMED_STEP, RUN_START))
     world = _count(_value(values, WORLD_SIZE), minimum=1)
     steps = _count(_value(values, STEPS))
-    committed = _value(values, CHECKPOINT_TIME)
-    step = _count(_value(values, CHECKPOINT_STEP))
-    if committed is None or not math.isfinite(committed) or not EARLIEST_CHECKPOINT <= committed <= LATEST_CHECKPOINT:
-        return WorkerProgress(attempt=attempt, world_size=world, steps=steps)  # none committed yet (0), or garbage
-    if step is None:
-        return WorkerProgress(attempt=attempt, world_size=world, steps=steps)
-    return WorkerProgress(
-        attempt=attempt,
-        world_size=world,
-        checkpoint_step=step,
-        checkpoint_time=datetime.fromtimestamp(committed, UTC),
-        steps=steps,
+    run = _time(_value(values, RUN_START))
+    current, resumed = _count(_value(values, STEP)), _count(_value(values, RESUMED_STEP))
+    if run is None or current is None or resumed is None or resumed > current:
+        run = current = resumed = None  # a run is told by all three, consistent, or not at all
+    progress = WorkerProgress(
+        attempt=attempt, world_size=world, steps=steps, step=current, resumed_step=resumed, run_started=run
     )
+    committed = _time(_value(values, CHECKPOINT_TIME))  # none committed yet (0), or garbage: None
+    step = _count(_value(values, CHECKPOINT_STEP))
+    if committed is None or step is None:
+        return progress
+    return replace(progress, checkpoint_step=step, checkpoint_time=committed)
+
+
+def _time(value: float | None) -> datetime | None:
+    """A Unix time a page gave, or None when it is absent, 0 or absurd."""
+    if value is None or not math.isfinite(value) or not EARLIEST_CHECKPOINT <= value <= LATEST_CHECKPOINT:
+        return None
+    return datetime.fromtimestamp(value, UTC)
 
 
 def parse_completion(text: str) -> Completion | None:

@@ -63,7 +63,7 @@ def decide(job: api.TrainingJob, observed: Observed, now: datetime) -> Decision:
 
 def decide_active(context: Context, memory: Memory) -> Decision:
     job, spec, observed = context.job, context.spec, context.observed
-    memory = memory.avoiding_until(context.now)
+    memory = memory.avoiding_until(context.now).resumed(observed.progress)
     launch = resolve_launch(spec)
     # created only in a pass that handles no failure, so the nodes avoided so far are all there are
     store = desired.rendezvous_store_pod(job, launch, avoid=memory.avoided_nodes)

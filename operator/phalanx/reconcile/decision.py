@@ -12,8 +12,8 @@ from typing import Any, Literal
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile.actions import NOTHING, Actions, Deletion, event, requeue
 from phalanx.reconcile.failures import Failure
-from phalanx.reconcile.observed import Observed, PodRecord
-from phalanx.reconcile.status import PhaseView, format_time
+from phalanx.reconcile.observed import Observed, PodRecord, WorkerProgress
+from phalanx.reconcile.status import PhaseView, format_time, parse_time
 
 Object = dict[str, Any]
 Stall = tuple[str, str]
@@ -43,6 +43,11 @@ class Memory:
     completion_time: str | None
     restart_not_before: str | None
     avoided: tuple[Avoidance, ...] = ()
+    recomputed: int = 0
+    """Steps computed again after restarts (status.recomputedSteps.total)."""
+    reached: int | None = None
+    """The step the job had reached when a restart was decided, until its new run reports."""
+    failed_at: str | None = None
 
     @classmethod
     def of(cls, status: api.TrainingJobStatus) -> Memory:
@@ -57,6 +62,9 @@ class Memory:
             avoided=tuple(
                 Avoidance(entry.node, entry.reason, entry.message, entry.until) for entry in status.avoided_nodes or ()
             ),
+            recomputed=status.recomputed_steps.total if status.recomputed_steps else 0,
+            reached=status.recomputed_steps.reached if status.recomputed_steps else None,
+            failed_at=status.recomputed_steps.failed_at if status.recomputed_steps else None,
         )
 
     def counting(self, failure: Failure, pods: Iterable[PodRecord]) -> Memory:
@@ -72,6 +80,25 @@ class Memory:
 
     def already_counted(self, pod: PodRecord) -> bool:
         return bool(pod.uid) and pod.uid in self.counted
+
+    def restarting_from(self, progress: WorkerProgress | None, now: datetime) -> Memory:
+        """A restart is decided: remember the step the job had reached (the reporter's, as last
+        scraped) until the new run says where it resumed. A restart before the last one's run
+        reported keeps the first's step: the new run resumes behind both."""
+        if self.reached is not None or progress is None or progress.step is None:
+            return self
+        return replace(self, reached=progress.step, failed_at=format_time(now))
+
+    def resumed(self, progress: WorkerProgress | None) -> Memory:
+        """The first run that began after the restart reports: its steps from where it resumed to
+        the step reached are computed again, and counted once."""
+        if self.reached is None or progress is None or progress.run_started is None or progress.resumed_step is None:
+            return self
+        failed_at = parse_time(self.failed_at)
+        if failed_at is not None and progress.run_started <= failed_at:
+            return self  # the run that failed, or an older one
+        lost = max(0, self.reached - progress.resumed_step)
+        return replace(self, recomputed=self.recomputed + lost, reached=None, failed_at=None)
 
     @property
     def avoided_nodes(self) -> tuple[str, ...]:

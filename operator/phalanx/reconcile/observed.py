@@ -95,6 +95,12 @@ class WorkerProgress:
     world_size: int | None = None
     checkpoint_step: int | None = None
     checkpoint_time: datetime | None = None
+    step: int | None = None
+    """The training step the reporter last completed (``phalanx_worker_step``)."""
+    resumed_step: int | None = None
+    """The step the reporter's current run of processes began at (``phalanx_worker_resumed_step``)."""
+    run_started: datetime | None = None
+    """When the reporter's current run of processes began: a new value is a new run."""
     steps: int | None = None
     """The reporting process's step counter (``phalanx_worker_steps_total``); None when it serves none."""
     reporter: str = ""

@@ -101,6 +101,12 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         ),
         "trainingSeconds": training_seconds(previous, view, now),
     }
+    if memory.recomputed or memory.reached is not None or previous.recomputed_steps is not None:
+        status["recomputedSteps"] = {
+            "total": memory.recomputed,
+            "reached": memory.reached,
+            "failedAt": memory.failed_at,
+        }
     spent = time_by_state(previous.time_by_state, view, job.metadata.creation_timestamp, now)
     if spent is not None:  # unchanged: left out, as None would remove it
         status["timeByState"] = spent

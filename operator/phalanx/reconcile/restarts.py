@@ -93,6 +93,8 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
         return Step(memory, actions)  # enough survivors: the deleted workers' slots are refilled once they are gone
     failure = failure_event(failures)
     memory = memory.counting(failure, (pod for pod, _ in failures))
+    # the survivors' agents restart their processes too, from the latest checkpoint
+    memory = memory.restarting_from(context.observed.progress, context.now)
     for pod, one in failures:
         actions += context.removing([pod]) + event(
             "Warning",
@@ -199,6 +201,7 @@ def gang_restart(
     if memory.restarts > spec.failure_policy.max_restarts:
         return finish(context, memory, "Failed", "RestartBudgetExhausted", budget_message(context, memory, failure))
     wait = backoff_seconds(spec.failure_policy, memory.restarts) if failure.counted else 0
+    memory = memory.restarting_from(context.observed.progress, context.now)
     memory = replace(
         memory,
         attempt=memory.attempt + 1,

@@ -55,6 +55,22 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, *, nvml: Any | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.steps = Counter("phalanx_worker_steps_total", "Training steps completed.", registry=self.registry)
+        self.step = Gauge(
+            "phalanx_worker_step",
+            "The training step last completed, counted from the start of training (a resumed run goes on from "
+            "its checkpoint's step).",
+            registry=self.registry,
+        )
+        self.resumed_step = Gauge(
+            "phalanx_worker_resumed_step",
+            "The step this run of the training processes began at (its checkpoint's; 0 from scratch).",
+            registry=self.registry,
+        )
+        self.run_start = Gauge(
+            "phalanx_worker_run_start_timestamp_seconds",
+            "Unix time this run of the training processes began (after loading its checkpoint).",
+            registry=self.registry,
+        )
         self.samples_per_second = Gauge(
             "phalanx_worker_samples_per_second", "Global samples per second over the last step.", registry=self.registry
         )
@@ -78,9 +94,17 @@ class WorkerMetrics:
         self._last: float | None = None
         self._server: Any = None
 
-    def step_done(self, samples: int) -> None:
+    def run_began(self, step: int) -> None:
+        """A run of the training processes begins at ``step`` (0, or its checkpoint's)."""
+        self.resumed_step.set(step)
+        self.step.set(step)
+        self.run_start.set_to_current_time()
+
+    def step_done(self, samples: int, step: int | None = None) -> None:
         now = time.monotonic()
         self.steps.inc()
+        if step is not None:
+            self.step.set(step)
         if self._last is not None and now > self._last:
             elapsed = now - self._last
             self.step_time.observe(elapsed)

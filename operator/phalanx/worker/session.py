@@ -192,12 +192,14 @@ class TrainingSession:
         """Yield step numbers from the resumed step to ``total``, saving and stopping as agreed."""
         state.setdefault("progress", self.progress)
         start = self.resume(state)
+        if self.metrics is not None:
+            self.metrics.run_began(start)
         for step in range(start + 1, total + 1):
             yield step
             self.progress.step = step
             self.progress.samples += samples_per_step
             if self.metrics is not None:
-                self.metrics.step_done(samples_per_step)
+                self.metrics.step_done(samples_per_step, step)
             if self.stop_agreed():
                 self.save(state)
                 if self._signalled:
