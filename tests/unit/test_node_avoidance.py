@@ -14,15 +14,7 @@ from phalanx.reconcile.failures import node_error
 from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job
 from tests.unit.simulation import START, World
-
-
-def running_with_worker_2_on_node_b(world: World) -> World:
-    world.settle()
-    world.run("demo-worker-2", node="node-b")
-    world.run()
-    world.reconcile()
-    assert world.status["phase"] == "Running"
-    return world
+from tests.unit.test_plan import running_with_worker_2_on_node_b
 
 
 def kept_off(pod: dict[str, Any]) -> list[list[str]]:
