@@ -192,3 +192,22 @@ def test_without_a_step_from_the_workers_nothing_is_counted() -> None:
     world.terminate("demo-worker-1", 1)
     world.reconcile()
     assert "recomputedSteps" not in world.status
+
+
+def test_a_job_an_older_operator_ran_is_counted_from_now_not_from_its_creation() -> None:
+    world = World(job())
+    world.settle()
+    world.run()
+    world.reconcile()
+    del world.body["status"]["timeByState"]  # as an operator without time by state left it
+    world.advance(3600)
+    world.reconcile()
+    assert world.status["timeByState"] == {
+        "queued": 0,
+        "starting": 0,
+        "training": 0,
+        "recovering": 0,
+        "suspended": 0,
+        "state": "training",
+        "since": format_time(world.now),
+    }

@@ -39,8 +39,8 @@ def state_of(view: PhaseView, previous: api.TimeByState | None) -> tuple[api.Job
 def time_by_state(
     previous: api.TimeByState | None, view: PhaseView, created: str | None, now: datetime
 ) -> dict[str, Any] | None:
-    """``status.timeByState`` after a pass whose phase is ``view``. The first state begins at the
-    job's creation (it was queued before the operator's first pass)."""
+    """``status.timeByState`` after a pass whose phase is ``view``. The first state begins at
+    ``created`` (a new job was queued before the operator's first pass), else now."""
     state, cause = state_of(view, previous)
     if previous is None or previous.since is None:
         if state is None:

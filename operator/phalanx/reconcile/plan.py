@@ -107,7 +107,9 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
             "reached": memory.reached,
             "failedAt": memory.failed_at,
         }
-    spent = time_by_state(previous.time_by_state, view, job.metadata.creation_timestamp, now)
+    # a job an older operator ran begins to be counted now: its earlier time is not known by state
+    began = job.metadata.creation_timestamp if previous.phase is None else None
+    spent = time_by_state(previous.time_by_state, view, began, now)
     if spent is not None:  # unchanged: left out, as None would remove it
         status["timeByState"] = spent
     worker_fields, checkpoint = progress_status(previous, observed, memory, view)
