@@ -184,6 +184,25 @@ def test_steps_computed_again_are_the_reached_step_less_the_one_the_new_run_resu
     assert world.status["recomputedSteps"] == {"total": 15}
 
 
+def test_a_restart_whose_run_never_comes_recomputes_nothing() -> None:
+    world = World(job(workers={"min": 3, "desired": 3}, failurePolicy={"backoffSeconds": 0, "maxRestarts": 1}))
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.progress = progress(42, 40, START - timedelta(minutes=1))
+    world.reconcile()
+    world.terminate("demo-worker-1", 1)  # the gang restarts
+    world.reconcile()
+    assert world.status["recomputedSteps"]["reached"] == 42
+    world.finish_terminating()
+    world.settle()
+    world.run()
+    world.terminate("demo-worker-0", 1)  # before the new run reported: the budget is spent, the job fails
+    world.reconcile()
+    assert world.status["phase"] == "Failed"
+    assert world.status["recomputedSteps"] == {"total": 0}
+
+
 def test_without_a_step_from_the_workers_nothing_is_counted() -> None:
     world = World(job(workers={"min": 3, "desired": 3}, failurePolicy={"backoffSeconds": 0}))
     world.settle()

@@ -202,7 +202,10 @@ def concluded(actions: Actions, step: Step) -> Decision:
 def finish(context: Context, memory: Memory, phase: Literal["Succeeded", "Failed"], reason: str, message: str) -> Step:
     """The job ends: after success the other workers get a grace to finish; after failure every
     running pod is stopped."""
-    memory = replace(memory, completion_time=format_time(context.now), restart_not_before=None)
+    # a restart whose run never comes recomputes nothing
+    memory = replace(
+        memory, completion_time=format_time(context.now), restart_not_before=None, reached=None, failed_at=None
+    )
     stop = wind_down(context, context.now) if phase == "Succeeded" else context.removing_active()
     kind: Literal["Normal", "Warning"] = "Normal" if phase == "Succeeded" else "Warning"
     return Step(memory, stop + event(kind, reason, message), PhaseView(phase, reason, message))
