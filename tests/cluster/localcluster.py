@@ -289,7 +289,7 @@ class LocalCluster:
             lambda: self._http_ok(f"http://127.0.0.1:{self.ports['etcd']}/health"),
         )
         self._start_apiserver()
-        self._wait("kube-apiserver /readyz", lambda: self._api_ok("/readyz"))
+        self._wait_apiserver_ready()
         self._start_controller_manager()
         self._start_scheduler()
         if self.kwok_enabled:
@@ -464,17 +464,34 @@ class LocalCluster:
         its watch cache starts anew, so resuming from an older resourceVersion answers 410 Gone."""
         started = time.monotonic()
         self.restart("kube-apiserver", graceful=graceful)
-        for attempt in range(3):  # as a kubelet restarts a static pod that exits while starting
+        self._wait_apiserver_ready()
+        return time.monotonic() - started
+
+    def _wait_apiserver_ready(self) -> None:
+        """Wait for /readyz; a kube-apiserver that exits while starting, or never turns ready, is
+        started again (as a kubelet restarts a static pod failing its probes), twice at most. Each
+        time the checks that failed are printed, and they end the error of the last."""
+        for attempt in range(3):
             try:
                 self._wait("kube-apiserver /readyz", lambda: self._api_ok("/readyz"))
-                return time.monotonic() - started
+                return
             except ClusterError as error:
                 tail = (self.log_dir / "kube-apiserver.log").read_text(errors="replace").splitlines()[-8:]
+                why = "\n".join([*tail, *self._readyz_failures()])
                 if attempt == 2:
-                    raise ClusterError(f"{error}:\n" + "\n".join(tail)) from error
-                print("kube-apiserver exited while starting; again:\n" + "\n".join(tail), file=sys.stderr)
+                    raise ClusterError(f"{error}:\n{why}") from error
+                print(f"kube-apiserver did not turn ready ({error}); again:\n{why}", file=sys.stderr)
                 self.restart("kube-apiserver", graceful=False)
         raise AssertionError("unreachable")
+
+    def _readyz_failures(self) -> list[str]:
+        """The checks /readyz?verbose reports failing, or why it could not be asked."""
+        try:
+            code, body = self.api_get("/readyz?verbose", timeout=5.0)
+        except OSError as error:
+            return [f"/readyz?verbose: {error}"]
+        lines = body.decode(errors="replace").splitlines()
+        return [f"/readyz?verbose answered {code}", *(line for line in lines if line.startswith("[-]"))]
 
     def _etcd(self, call: str, body: Mapping[str, Any]) -> dict[str, Any]:
         request = urllib.request.Request(

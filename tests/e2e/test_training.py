@@ -227,6 +227,14 @@ def test_losing_two_workers_restarts_the_gang_from_the_checkpoint(
     kubectl.create(elastic_job("gang", namespace, 300), namespace=namespace)
     pods = ["gang-worker-0", "gang-worker-1", "gang-worker-2"]
     wait_for_step(kubectl, namespace, pods, world=3, step=30)
+    # The operator's view of the step comes from its scrapes: wait until one of them saw step 30
+    # (a checkpoint at 30 is reported beside a step at least as high), so the step reached is known.
+    kubectl.wait_for(
+        lambda: ((status(kubectl, namespace, "gang").get("lastCheckpoint") or {}).get("step") or 0) >= 30,
+        timeout=60,
+        interval=0.5,
+        what="the operator to see a checkpoint at step 30",
+    )
     kubectl.run("delete", "pod", "gang-worker-1", "gang-worker-2", f"--namespace={namespace}", "--wait=false")
     restarted = kubectl.wait_for(
         lambda: (s := status(kubectl, namespace, "gang")).get("attempt") == 1 and s,
