@@ -142,6 +142,15 @@ class World:
                 self.pods[obj["metadata"]["name"]] = obj
             else:
                 self.objects[(child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"])] = obj
+        for move in result.move:  # the JSON patch's tests: that pod (UID) at that attempt
+            pod = self.pods.get(move.name)
+            if pod is None or pod["metadata"]["uid"] != move.uid:
+                continue
+            labels, annotations = pod["metadata"]["labels"], pod["metadata"].setdefault("annotations", {})
+            if labels.get(naming.ATTEMPT_LABEL) != str(move.from_attempt):
+                continue
+            labels[naming.ATTEMPT_LABEL] = str(move.to_attempt)
+            annotations[naming.RENDEZVOUS_ID_ANNOTATION] = move.rendezvous_id
         for deletion in result.delete:
             pod = self.pods.get(deletion.name)
             if pod is None:

@@ -47,6 +47,7 @@ JOB: dict[str, Any] = {
         "attempt": 1,
         "restarts": 2,
         "restartsByReason": {"WorkerFailed": 1, "OOMKilled": 1, "NodeLost": 1},
+        "restartMode": "InPlace",
         "workers": {"desired": 3, "active": 3, "ready": 2, "worldSize": 12},
         "lastCheckpoint": {"step": 1200, "time": "2026-03-01T11:57:30Z"},
         "startTime": "2026-03-01T11:00:05Z",
@@ -276,6 +277,7 @@ def test_the_status_fields() -> None:
     assert (got["Phase"], got["Reason"], got["Message"]) == ("Running", "WorkersReady", "3/3 workers ready")
     assert got["Attempt"] == "1"
     assert got["Restarts"] == "2 of 3 allowed (1 left)"
+    assert got["Gang Restarts"] == "InPlace (healthy pods kept, processes restarted)"
     assert got["Workers"] == "desired 3 (min 2, max 4), active 3, ready 2, world size 12"
     assert got["Last Checkpoint"] == "step 1200 at 2026-03-01T11:57:30Z (2m30s ago)"
     assert got["Started"] == "2026-03-01T11:00:05Z (59m ago)"
@@ -371,6 +373,7 @@ def test_a_job_without_status_pods_or_events_yet() -> None:
     assert (got["Phase"], got["Reason"], got["Message"]) == ("<none>", "<none>", "<none>")
     assert got["Restarts"] == "0 of 3 allowed (3 left)"
     assert got["Restarts By Reason"] == "<none>"
+    assert "Gang Restarts" not in got  # said once the operator planned the job
     assert got["Workers"] == "desired 3 (min 2, max 4), active 0, ready 0"
     assert (got["Last Checkpoint"], got["Started"], got["Conditions"], got["Pods"], got["Events"]) == ("<none>",) * 5
 

@@ -74,6 +74,17 @@ def test_completion_key_is_one_wire_contract_on_both_sides() -> None:
     assert naming.COMPLETION_KEY == protocol.COMPLETION_KEY
 
 
+def test_the_supervisor_reads_the_files_and_directory_the_operator_mounts() -> None:
+    from phalanx.reconcile import desired, environment
+
+    items = {item["path"] for item in desired.pod_info_volume()["downwardAPI"]["items"]}
+    assert items == {protocol.ATTEMPT_FILE, protocol.RENDEZVOUS_ID_FILE}
+    assert protocol.POD_INFO_DIR_ENV == "PHALANX_POD_INFO_DIR"
+    assert environment.SUPERVISOR_MODULE == "phalanx.worker.supervise"
+    scripts = pyproject(ROOT / "worker" / "pyproject.toml")["scripts"]
+    assert scripts[environment.SUPERVISOR] == f"{environment.SUPERVISOR_MODULE}:main"
+
+
 def _imports(path: Path) -> set[str]:
     """Absolute module names imported anywhere in the file (lazy imports in functions too)."""
     names: set[str] = set()

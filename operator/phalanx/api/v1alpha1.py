@@ -659,6 +659,12 @@ class TrainingJobStatus(ApiModel):
     attempt: int = 0
     """Gang attempts so far; part of the rendezvous id, so a new attempt never joins an old rendezvous."""
 
+    restart_mode: Literal["InPlace", "Recreate"] | None = None
+    """How a gang restart happens: InPlace when the trainer's command runs phalanx-supervise (healthy
+    worker pods are kept and their processes restarted with the new attempt; only lost or failed
+    pods are replaced; not under Kueue, whose pod groups are per attempt), else Recreate (every
+    worker pod is replaced)."""
+
     restarts: int = 0
     """Counted gang restarts, compared with failurePolicy.maxRestarts."""
 

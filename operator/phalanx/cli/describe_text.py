@@ -338,6 +338,10 @@ def describe(
         lines += [field(f"  {reason}", count) for reason, count in sorted(by_reason.items())]
     else:
         lines.append(field("Restarts By Reason", NONE))
+    mode = status.get("restartMode")
+    if mode:
+        how = "healthy pods kept, processes restarted" if mode == "InPlace" else "every worker pod replaced"
+        lines.append(field("Gang Restarts", f"{mode} ({how})"))
     lines.append(field("Workers", worker_counts(spec, status)))
     checkpoint = status.get("lastCheckpoint")
     if checkpoint:

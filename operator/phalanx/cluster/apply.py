@@ -2,8 +2,9 @@
 
 Order matters for crash safety: status first (it records a new attempt, and the UIDs of the
 failures it counts, before anything else happens), then the gang's PodGroup, then the Service,
-the store and the workers in parallel (bounded by the client's cap), then deletions; events go to
-the ``EventRecorder``, which posts them after the requests that create and fix things.
+the store and the workers in parallel (bounded by the client's cap), then the pods an in-place gang
+restart keeps are moved to the new attempt, then deletions; events go to the ``EventRecorder``,
+which posts them after the requests that create and fix things.
 A status write that only reports progress may be held back for a moment (``StatusPacer``).
 A SIGKILL between any two requests leaves a state the next pass completes without counting or
 creating anything twice:
@@ -14,7 +15,9 @@ creating anything twice:
   name held by an object this job does not control is left alone and reported, and a create that
   finds our own object (the response was lost, or the cache was behind) just takes it into the cache;
 - drifted Services and PodGroups are server-side applied with their UID as a precondition;
-- pods are deleted with their UID as a precondition, so only the pod that was planned goes.
+- pods are deleted with their UID as a precondition, so only the pod that was planned goes;
+- a kept pod is moved to the new attempt by a JSON patch that tests its UID and its old attempt,
+  so a repeated move, or one planned from a view the pod has left, changes nothing.
 
 Refusals that may pass (quota, a name conflict, missing permission, a gang scheduler API that is
 not installed) are recorded for the planner, which paces retries and explains them in status;
@@ -37,6 +40,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, controller_of
 from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
+from phalanx.reconcile.actions import Move
 from phalanx.reconcile.observed import ChildKey, Refusal, child_kind
 from phalanx.reconcile.plan import Plan, progress_only, status_changed
 
@@ -347,6 +351,20 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
     for obj in groups:
         await put(obj)
     await asyncio.gather(*(put(obj) for obj in plan.apply if obj["kind"] != "PodGroup"))
+
+    async def move(pod: Move) -> None:
+        response = await run.client.move_pod(
+            namespace,
+            pod.name,
+            uid=pod.uid,
+            from_attempt=pod.from_attempt,
+            to_attempt=pod.to_attempt,
+            rendezvous_id=pod.rendezvous_id,
+        )
+        if response is not None:
+            run.children.observe("MODIFIED", response)
+
+    await asyncio.gather(*(move(pod) for pod in plan.move))
 
     async def remove(kind: str, child: str, grace: int | None) -> None:
         pod = pods.get(child) if kind == "Pod" else None

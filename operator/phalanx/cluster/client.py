@@ -542,6 +542,33 @@ class ApiClient:
             content_type="application/apply-patch+yaml",
         )
 
+    async def move_pod(
+        self, namespace: str, name: str, *, uid: str, from_attempt: int, to_attempt: int, rendezvous_id: str
+    ) -> dict[str, Any] | None:
+        """Move a worker pod kept through an in-place gang restart to ``to_attempt``: a JSON patch
+        whose tests make it apply only to that pod (UID) at ``from_attempt``, so repeating it, or
+        sending it after the pod changed, changes nothing. None when it no longer applies."""
+        label = "/metadata/labels/" + naming.ATTEMPT_LABEL.replace("/", "~1")
+        annotation = "/metadata/annotations/" + naming.RENDEZVOUS_ID_ANNOTATION.replace("/", "~1")
+        body = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "test", "path": label, "value": str(from_attempt)},
+            {"op": "replace", "path": label, "value": str(to_attempt)},
+            {"op": "add", "path": annotation, "value": rendezvous_id},
+        ]
+        try:
+            return await self.request(
+                "PATCH",
+                resource_path("v1", "Pod", namespace, name),
+                params={"fieldManager": naming.FIELD_MANAGER},
+                body=body,
+                content_type="application/json-patch+json",
+            )
+        except ApiError as error:
+            if error.status in (404, 409, 422):  # gone, or no longer the pod at that attempt
+                return None
+            raise
+
     async def delete(
         self,
         api_version: str,

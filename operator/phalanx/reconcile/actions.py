@@ -1,5 +1,6 @@
-"""What a planning decision asks of the cluster besides objects to apply: deletions, Events, and
-when to look again. Values only; decisions return them and the planner adds them up in order."""
+"""What a planning decision asks of the cluster besides objects to apply: deletions, pods moved to a
+new attempt in place, Events, and when to look again. Values only; decisions return them and the
+planner adds them up in order."""
 
 from __future__ import annotations
 
@@ -18,6 +19,19 @@ class Deletion:
 
 
 @dataclass(frozen=True)
+class Move:
+    """A worker pod kept through an in-place gang restart, moved to the new attempt: its attempt
+    label and rendezvous id change (only while it is still the pod, at the attempt, planned from),
+    and its supervisor restarts the training processes."""
+
+    name: str
+    uid: str
+    from_attempt: int
+    to_attempt: int
+    rendezvous_id: str
+
+
+@dataclass(frozen=True)
 class Event:
     """A Kubernetes Event to record on the TrainingJob."""
 
@@ -28,14 +42,20 @@ class Event:
 
 @dataclass(frozen=True)
 class Actions:
-    """Deletions, Events and requeue delays, in the order they were decided."""
+    """Deletions, moves, Events and requeue delays, in the order they were decided."""
 
     delete: tuple[Deletion, ...] = ()
     events: tuple[Event, ...] = ()
     requeue: tuple[float, ...] = ()
+    move: tuple[Move, ...] = ()
 
     def __add__(self, other: Actions) -> Actions:
-        return Actions(self.delete + other.delete, self.events + other.events, self.requeue + other.requeue)
+        return Actions(
+            self.delete + other.delete,
+            self.events + other.events,
+            self.requeue + other.requeue,
+            self.move + other.move,
+        )
 
 
 NOTHING = Actions()

@@ -7,7 +7,9 @@ them in one function whose order is the order of precedence:
 1. a finished job winds down and waits for its TTL (``after_finish``);
 2. a spec that cannot be planned stalls a running job, or fails one that runs nothing (``invalid``);
 3. suspension; resumption starts a new attempt;
-4. nodes: pods no kubelet can stop are force-deleted (``watch_nodes``); pods of old attempts go;
+4. nodes: pods no kubelet can stop are force-deleted (``watch_nodes``); pods of old attempts go,
+   except those an in-place gang restart keeps (``Context.keeps``), which are moved to the
+   current attempt once its store exists and its backoff has passed;
 5. completion, then the active deadline;
 6. failures (``handle_failures``): fatal ones fail the job, others replace the workers or restart
    the gang (``gang_restart``); else a hang (``no_progress``) restarts the gang;
@@ -34,7 +36,7 @@ from typing import Literal
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import creation, desired, naming
-from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
+from phalanx.reconcile.actions import NOTHING, Actions, Move, event, requeue
 from phalanx.reconcile.creation import Wanted
 from phalanx.reconcile.decision import Context, Decision, Memory, Step, concluded, finish, wind_down
 from phalanx.reconcile.environment import resolve_launch
@@ -65,6 +67,7 @@ def decide_active(context: Context, memory: Memory) -> Decision:
     job, spec, observed = context.job, context.spec, context.observed
     memory = memory.avoiding_until(context.now).resumed(observed.progress)
     launch = resolve_launch(spec)
+    context = replace(context, in_place=launch.supervised)
     # created only in a pass that handles no failure, so the nodes avoided so far are all there are
     store = desired.rendezvous_store_pod(job, launch, avoid=memory.avoided_nodes)
     stamp, actions = node_capacity_stamp(context)
@@ -89,7 +92,9 @@ def decide_active(context: Context, memory: Memory) -> Decision:
     workers = observed.workers()
     current = [pod for pod in workers if pod.attempt == memory.attempt]
     stale = [pod for pod in workers if pod.attempt != memory.attempt]
-    actions += context.removing(stale)
+    # kept through an in-place gang restart: moved to the current attempt below, never deleted
+    moving = [pod for pod in stale if (pod.attempt or 0) < memory.attempt and context.keeps(pod, memory)]
+    actions += context.removing(pod for pod in stale if pod not in moving)
 
     completed = completion(context, memory, current)
     if completed is not None:
@@ -147,6 +152,16 @@ def decide_active(context: Context, memory: Memory) -> Decision:
             PhaseView("Restarting", "Backoff", f"attempt {memory.attempt} starts at {memory.restart_not_before}"),
             more=requeue((not_before - context.now).total_seconds()),
         )
+    if moving and store_pod is not None:
+        # after the backoff, and once the attempt's store exists: the moved pods' processes
+        # restart at once and dial it
+        rendezvous_id = naming.rendezvous_id(job.metadata.uid, memory.attempt)
+        moves = tuple(Move(pod.name, pod.uid, pod.attempt or 0, memory.attempt, rendezvous_id) for pod in moving)
+        message = f"restarting {len(moving)} worker(s) in place as attempt {memory.attempt}"
+        leaving = [pod for pod in stale if pod not in moving]
+        if leaving:
+            message += "; " + old_workers_message(context, leaving)
+        return held(PhaseView("Restarting", "GangRestart", message), more=Actions(move=moves))
     if stale:
         return held(PhaseView("Restarting", "GangRestart", old_workers_message(context, stale)))
     if group is not None and not observed.has(

@@ -124,10 +124,32 @@ class Context:
     job: api.TrainingJob
     observed: Observed
     now: datetime
+    in_place: bool = False
+    """The job's command runs phalanx-supervise: gang restarts keep healthy pods (``keeps``)."""
 
     @property
     def spec(self) -> api.TrainingJobSpec:
         return self.job.spec
+
+    def keeps(self, pod: PodRecord, memory: Memory) -> bool:
+        """Whether a gang restart keeps this worker pod and restarts its processes in place: the
+        job and the pod run the supervisor, the pod runs (its trainer container has not exited, it
+        is not being deleted or evicted, no failure of it was counted) on a node that is Ready and
+        that the job does not avoid."""
+        node = pod.node_name
+        return (
+            self.in_place
+            and pod.rendezvous_id is not None
+            and pod.phase == "Running"
+            and pod.active
+            and pod.exit_code is None
+            and pod.disruption_reason is None
+            and not memory.already_counted(pod)
+            and node is not None
+            and node not in self.observed.unready_nodes
+            and node not in self.observed.node_loss.deleted
+            and node not in memory.avoided_nodes
+        )
 
     def node_lost(self, pod: PodRecord) -> str | None:
         """Why the pod's node is taken for lost, or None: it was deleted, or it has not been Ready

@@ -186,6 +186,17 @@ def _template_spec(job: api.TrainingJob) -> dict[str, Any]:
     return job.spec.template.spec.model_dump(by_alias=True, exclude_none=True)
 
 
+def pod_info_volume() -> dict[str, Any]:
+    """What phalanx-supervise reads: the pod's attempt and rendezvous id, which the kubelet
+    rewrites when the operator changes them on a pod it keeps through a gang restart."""
+    fields = {"attempt": f"metadata.labels['{naming.ATTEMPT_LABEL}']"}
+    fields["rendezvous-id"] = f"metadata.annotations['{naming.RENDEZVOUS_ID_ANNOTATION}']"
+    return {
+        "name": naming.POD_INFO_VOLUME,
+        "downwardAPI": {"items": [{"path": path, "fieldRef": {"fieldPath": ref}} for path, ref in fields.items()]},
+    }
+
+
 def keep_off(pod_spec: dict[str, Any], nodes: Sequence[str]) -> None:
     """Require the pod to stay off ``nodes`` (by node name, ``matchFields`` on ``metadata.name``,
     which unlike the hostname label always names the node): one requirement per node (the API
@@ -292,6 +303,8 @@ def _trainer_container(
     if spec.checkpoint is not None:
         volume = spec.checkpoint.volume_name or CHECKPOINT_VOLUME
         mounts.append({"name": volume, "mountPath": spec.checkpoint.mount_path})
+    if launch.supervised:
+        mounts.append({"name": naming.POD_INFO_VOLUME, "mountPath": naming.POD_INFO_DIR, "readOnly": True})
     if not mounts:
         container.pop("volumeMounts")
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
@@ -351,6 +364,8 @@ def worker_pod(
                 "spec.checkpoint.volumeName",
                 f"no volume named {spec.checkpoint.volume_name!r} in spec.template.spec.volumes",
             )
+    if launch.supervised:
+        volumes.append(pod_info_volume())
     if not volumes:
         template.pop("volumes")
 
@@ -376,6 +391,8 @@ def worker_pod(
     )
     annotations = dict((template_metadata.annotations if template_metadata else None) or {})
     annotations[naming.CONTAINER_ANNOTATION] = containers[launch.trainer_index]["name"]
+    if launch.supervised:
+        annotations[naming.RENDEZVOUS_ID_ANNOTATION] = naming.rendezvous_id(job.metadata.uid, attempt)
     annotations.update(profile.annotations)
 
     gang = spec.gang

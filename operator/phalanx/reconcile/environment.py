@@ -39,6 +39,13 @@ class Launch:
     procs_per_worker: int
     trainer_index: int
     omp_threads: int | None
+    supervised: bool = False
+    """The trainer's command runs ``phalanx-supervise``: a gang restart keeps healthy pods and
+    restarts their processes in place (``restart_mode``)."""
+
+    @property
+    def restart_mode(self) -> Literal["InPlace", "Recreate"]:
+        return "InPlace" if self.supervised else "Recreate"
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,25 @@ def _cpu_of(container: Mapping[str, Any], index: int) -> Decimal | None:
     return None
 
 
+SUPERVISOR = "phalanx-supervise"
+SUPERVISOR_MODULE = "phalanx.worker.supervise"
+STOP_GRACE_SECONDS = 30
+"""A pod's terminationGracePeriodSeconds when its template sets none (the API's default)."""
+
+
+def runs_supervisor(command: list[str] | None) -> bool:
+    """Whether a container command starts ``phalanx-supervise`` (as a program, or as
+    ``python -m phalanx.worker.supervise``). Only the command is read: an image's entrypoint is
+    not known here, and a shell that starts the supervisor is not recognised."""
+    if not command:
+        return False
+    head = command[0].rsplit("/", 1)[-1]
+    if head == SUPERVISOR:
+        return True
+    rest = [arg for arg in command[1:] if arg != "-u"]
+    return head.startswith("python") and rest[:2] == ["-m", SUPERVISOR_MODULE]
+
+
 def resolve_launch(spec: api.TrainingJobSpec) -> Launch:
     """Decide backend, transport, processes and thread count, or raise PlanningError."""
     gpus = spec.gpus.count
@@ -102,6 +128,8 @@ def resolve_launch(spec: api.TrainingJobSpec) -> Launch:
         procs_per_worker=procs,
         trainer_index=index,
         omp_threads=omp,
+        # Kueue admits each attempt as a pod group of its own, which a kept pod cannot change
+        supervised=runs_supervisor(container.get("command")) and spec.gang.scheduler != "kueue",
     )
 
 
@@ -163,7 +191,7 @@ def worker_environment(
                 "PET_NNODES": f"{spec.workers.min}:{spec.workers.max}",
                 "PET_RDZV_BACKEND": "c10d",
                 "PET_RDZV_ENDPOINT": naming.rendezvous_endpoint(job_name, namespace, rendezvous.port),
-                "PET_RDZV_ID": naming.rendezvous_id(job_uid, attempt),
+                **({} if launch.supervised else {"PET_RDZV_ID": naming.rendezvous_id(job_uid, attempt)}),
                 "PET_RDZV_CONF": conf,
                 "PET_MAX_RESTARTS": str(spec.failure_policy.worker_restarts),
                 # Workers of a restarted group otherwise read their predecessors' addresses from the
@@ -194,13 +222,19 @@ def worker_environment(
             "TORCHELASTIC_ERROR_FILE": TERMINATION_LOG,
             "PHALANX_JOB_NAME": job_name,
             "PHALANX_NAMESPACE": namespace,
-            "PHALANX_ATTEMPT": str(attempt),
+            **({} if launch.supervised else {"PHALANX_ATTEMPT": str(attempt)}),
             "PHALANX_WORKER_INDEX": str(index),
             "PHALANX_BACKEND": launch.backend,
             "PHALANX_STORE_ENDPOINT": naming.rendezvous_endpoint(job_name, namespace, rendezvous.port),
             "PHALANX_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
         }
     )
+    if launch.supervised:
+        # the attempt and its rendezvous id change in a running pod: the supervisor reads them
+        # from files and gives them to each run (PHALANX_ATTEMPT, PET_RDZV_ID)
+        values["PHALANX_POD_INFO_DIR"] = naming.POD_INFO_DIR
+        grace = (spec.template.spec.model_extra or {}).get("terminationGracePeriodSeconds")
+        values["PHALANX_STOP_GRACE_SECONDS"] = str(grace if isinstance(grace, int) else STOP_GRACE_SECONDS)
     if launch.omp_threads is not None:
         values["OMP_NUM_THREADS"] = str(launch.omp_threads)
     if spec.checkpoint is not None:

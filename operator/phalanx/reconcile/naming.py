@@ -25,6 +25,12 @@ MANAGED_BY = "phalanx"
 SPEC_HASH_ANNOTATION = f"{PREFIX}/spec-hash"
 METRICS_PORT_NAME = "phalanx-metrics"  # the container port the operator scrapes (workers and store)
 CONTAINER_ANNOTATION = f"{PREFIX}/trainer-container"
+# On a worker pod whose command runs phalanx-supervise: its attempt's rendezvous id, which the
+# supervisor reads (with the attempt label) from a downward-API volume; both change when the
+# gang restarts in place.
+RENDEZVOUS_ID_ANNOTATION = f"{PREFIX}/rendezvous-id"
+POD_INFO_VOLUME = "phalanx-pod-info"
+POD_INFO_DIR = "/etc/phalanx/pod"
 
 ROLE_WORKER = "worker"
 ROLE_RENDEZVOUS = "rendezvous"

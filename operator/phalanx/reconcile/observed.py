@@ -48,6 +48,9 @@ class PodRecord:
     owner_name: str | None = None
     host_network: bool = False
     """The pod shares its node's network: its IP is the node's, and its ports the node's."""
+    rendezvous_id: str | None = None
+    """The ``phalanx.dev/rendezvous-id`` annotation: set on pods whose command runs
+    phalanx-supervise, which can be moved to a new attempt in place."""
 
     @property
     def finished(self) -> bool:
@@ -318,6 +321,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         unschedulable_message=scheduled.get("message") if unschedulable and scheduled else None,
         metrics_port=_metrics_port(pod),
         host_network=bool((pod.get("spec") or {}).get("hostNetwork")),
+        rendezvous_id=annotations.get(naming.RENDEZVOUS_ID_ANNOTATION),
     )
 
 

@@ -13,15 +13,18 @@ previous status. ``docs/architecture.md`` tells the whole flow.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming
-from phalanx.reconcile.actions import NOTHING, Deletion, Event
+from phalanx.reconcile.actions import NOTHING, Deletion, Event, Move
 from phalanx.reconcile.decide import decide
 from phalanx.reconcile.decision import Context, Decision, Memory, concluded, finish
+from phalanx.reconcile.environment import resolve_launch
+from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.goodput import time_by_state
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.status import TRAINING, PhaseView, conditions, format_time, parse_time
@@ -35,6 +38,7 @@ class Plan:
 
     apply: tuple[Object, ...] = ()
     delete: tuple[Deletion, ...] = ()
+    move: tuple[Move, ...] = ()
     status: dict[str, Any] = field(default_factory=dict)
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
@@ -44,7 +48,7 @@ class Plan:
     @property
     def changes_children(self) -> bool:
         """Whether the plan creates, changes or deletes anything besides status."""
-        return bool(self.apply or self.delete or self.delete_job)
+        return bool(self.apply or self.delete or self.move or self.delete_job)
 
 
 def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: Decision) -> Plan:
@@ -116,6 +120,8 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     status["workers"].update(worker_fields)
     if checkpoint is not None:
         status["lastCheckpoint"] = checkpoint
+    with contextlib.suppress(PlanningError):  # a spec that cannot be planned keeps the mode it had
+        status["restartMode"] = resolve_launch(job.spec).restart_mode
     status["startTime"] = memory.start_time
     status["completionTime"] = memory.completion_time
     status["restartNotBefore"] = memory.restart_not_before
@@ -127,6 +133,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     return Plan(
         apply=decision.apply,
         delete=deletions,
+        move=tuple(dict.fromkeys(decision.actions.move)),
         status=status,
         events=tuple(events),
         requeue_after=min(requeue) if requeue else None,

@@ -207,17 +207,19 @@ def gang_restart(
         attempt=memory.attempt + 1,
         restart_not_before=format_time(context.now + timedelta(seconds=wait)) if wait else None,
     )
-    actions = context.removing(current)
+    # healthy pods stay and their supervisors restart the processes once moved to the new attempt
+    kept = {pod.name for pod in current if context.keeps(pod, memory)}
+    actions = context.removing([pod for pod in current if pod.name not in kept])
     if store_lost and store is not None:
         actions += context.removing([store])
-    message = (
-        f"{failure.message}; fewer than min ({spec.workers.min}) workers remain, "
-        f"restarting the gang as attempt {memory.attempt}"
-    )
+    how = f"restarting the gang as attempt {memory.attempt}"
+    if kept:
+        how = f"restarting the gang in place as attempt {memory.attempt} ({len(kept)} of {len(current)} workers kept)"
+    message = f"{failure.message}; fewer than min ({spec.workers.min}) workers remain, {how}"
     if store_lost or (cause is not None and spec.gang.scheduler != "kueue"):
-        message = f"{failure.message}; restarting the gang as attempt {memory.attempt}"
+        message = f"{failure.message}; {how}"
     elif spec.gang.scheduler == "kueue":
-        message = f"{failure.message}; restarting the gang as attempt {memory.attempt} (a new Kueue pod group)"
+        message = f"{failure.message}; {how} (a new Kueue pod group)"
     if wait:
         message += f" after {wait}s"
         actions += requeue(float(wait))

@@ -1,0 +1,442 @@
+"""``phalanx-supervise``: runs a worker's training command and starts it again, inside the same pod,
+when the operator restarts the gang in place.
+
+    command: ["phalanx-supervise", "--", "torchrun", "-m", "my.train", "--steps", "1000"]
+
+The operator recognises the supervisor in the trainer container's command and then restarts a
+gang in place: it keeps every healthy worker pod and moves it to the new attempt by changing the
+pod's ``phalanx.dev/attempt`` label and ``phalanx.dev/rendezvous-id`` annotation, which the kubelet
+writes into a downward-API volume (``PHALANX_POD_INFO_DIR``). The supervisor watches those files.
+When the attempt changes it stops the running processes (SIGTERM, so ``phalanx.worker`` sessions
+save together; SIGKILL after ``PHALANX_STOP_GRACE_SECONDS``) and starts the command again with the
+new ``PHALANX_ATTEMPT`` and ``PET_RDZV_ID``.
+
+Python and torch are imported once, here: a ``torchrun`` command runs torchrun's launcher in a
+process forked from this one, whose workers are forked in turn (``--start-method fork`` for a
+script or ``-m`` module), and ``python script.py`` / ``python -m module`` runs in a forked process
+too. A restarted run therefore pays for neither an interpreter's start nor torch's import. Any
+other command is started as a new program.
+
+When the command ends on its own the supervisor ends with its exit code, so the pod fails or
+succeeds as without it, except that a run that failed first waits up to
+``PHALANX_RESTART_WAIT_SECONDS`` for a new attempt: a failure the whole gang shares (its
+rendezvous store lost) makes every launcher exit, and the operator's in-place restart should
+find those pods still running. SIGTERM (the pod is deleted) goes to the running processes, and the
+supervisor ends when they have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import os
+import re
+import runpy
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from phalanx.worker.protocol import ATTEMPT_FILE, POD_INFO_DIR_ENV, RENDEZVOUS_ID_FILE
+
+STOP_GRACE_ENV = "PHALANX_STOP_GRACE_SECONDS"
+RESTART_WAIT_ENV = "PHALANX_RESTART_WAIT_SECONDS"
+DEFAULT_STOP_GRACE_SECONDS = 30.0
+DEFAULT_RESTART_WAIT_SECONDS = 10.0
+POLL_SECONDS = 0.1
+STOPPED_BY_SIGNAL = 143
+PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")
+TORCHRUN_MODULE = "torch.distributed.run"
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the operator says through the downward-API volume."""
+
+    attempt: str
+    rendezvous_id: str | None
+
+
+def read_pod_info(directory: Path) -> PodInfo | None:
+    """The attempt and rendezvous id in ``directory``; None while the kubelet has not written them
+    (or when the job does not run the supervisor under phalanx)."""
+    try:
+        attempt = (directory / ATTEMPT_FILE).read_text().strip()
+    except OSError:
+        return None
+    if not attempt:
+        return None
+    try:
+        rendezvous_id = (directory / RENDEZVOUS_ID_FILE).read_text().strip() or None
+    except OSError:
+        rendezvous_id = None
+    return PodInfo(attempt, rendezvous_id)
+
+
+def run_environment(base: Mapping[str, str], info: PodInfo | None) -> dict[str, str]:
+    """The command's environment for one attempt."""
+    env = dict(base)
+    if info is not None:
+        env["PHALANX_ATTEMPT"] = info.attempt
+        if info.rendezvous_id:
+            env["PET_RDZV_ID"] = info.rendezvous_id
+    return env
+
+
+# -- how a command is run -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one command runs: ``kind`` is torchrun (its launcher in a forked process), python (a
+    script or module in a forked process) or program (a new program)."""
+
+    kind: str
+    argv: tuple[str, ...]
+    """torchrun: torchrun's arguments; python: the script or ``-m module`` and its arguments."""
+
+
+def classify(command: Sequence[str]) -> Launch:
+    """Which way ``command`` runs. Only the plain forms are taken in-process: an interpreter flag
+    other than ``-u`` (or ``-m``) means a new program, as the flag may change how Python starts."""
+    head = Path(command[0]).name
+    rest = list(command[1:])
+    if head == "torchrun":
+        return Launch("torchrun", tuple(rest))
+    if PYTHON.match(head):
+        while rest[:1] == ["-u"]:
+            rest = rest[1:]
+        if rest[:2] == ["-m", TORCHRUN_MODULE]:
+            return Launch("torchrun", tuple(rest[2:]))
+        if rest[:1] == ["-m"] and len(rest) >= 2:
+            return Launch("python", tuple(rest))
+        if rest and not rest[0].startswith("-"):
+            return Launch("python", tuple(rest))
+    return Launch("program", tuple(command))
+
+
+def run_module_as_main(module: str, *argv: str) -> None:
+    """``python -m module argv...`` in this process."""
+    sys.argv = [module, *argv]
+    sys.path.insert(0, os.getcwd())
+    _line_buffered()
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def run_path_as_main(path: str, *argv: str) -> None:
+    """``python path argv...`` in this process."""
+    sys.argv = [path, *argv]
+    sys.path.insert(0, str(Path(path).resolve().parent))
+    _line_buffered()
+    runpy.run_path(path, run_name="__main__")
+
+
+def _line_buffered() -> None:
+    """As ``python -u``: lines reach the pod's log as they are written."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+
+
+def python_entry(argv: Sequence[str]) -> tuple[Callable[..., None], tuple[str, ...]]:
+    """The function and arguments that run ``python argv...`` (``-m module ...`` or ``script ...``)."""
+    if argv[0] == "-m":
+        return run_module_as_main, tuple(argv[1:])
+    return run_path_as_main, tuple(argv)
+
+
+def _in_process_config(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """torchrun's ``config_from_args`` with a Python script or module turned into a function that
+    its workers, forked from the launcher, run without starting an interpreter or importing again."""
+
+    def config_from_args(args: Any) -> Any:
+        config, cmd, cmd_args = original(args)
+        if not isinstance(cmd, str) or getattr(args, "no_python", False):
+            return config, cmd, cmd_args
+        if cmd_args[:1] != ["-u"]:
+            return config, cmd, cmd_args
+        entry, entry_args = python_entry(cmd_args[1:])
+        config.start_method = "fork"
+        return config, entry, list(entry_args)
+
+    return config_from_args
+
+
+def run_torchrun(argv: Sequence[str]) -> int:
+    """torchrun with ``argv``, in this (forked) process; its exit code."""
+    from torch.distributed import run as torchrun
+
+    torchrun.config_from_args = _in_process_config(torchrun.config_from_args)  # type: ignore[assignment]
+    try:
+        torchrun.main(list(argv))
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except Exception as error:
+        sigval = getattr(error, "sigval", None)  # torchrun's SignalException: stopped, as asked
+        if sigval is None:
+            raise
+        return 128 + int(sigval)
+    return 0
+
+
+def preload(launch: Launch, modules: Sequence[str]) -> None:
+    """Import once what every run needs, before the first fork."""
+    wanted = list(modules)
+    if launch.kind == "torchrun":
+        wanted.append(TORCHRUN_MODULE)
+    if launch.kind != "program" and importlib.util.find_spec("torch") is not None:
+        # phalanx.worker's checkpoints: their first load or save would import it in every run
+        wanted.extend(["torch", "torch.distributed.checkpoint"])
+    for module in wanted:
+        importlib.import_module(module)
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (torchrun starts its workers in sessions of their own, so a
+    process group does not hold them all)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+        fields = stat[stat.rfind(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def signal_tree(pid: int, signum: int) -> None:
+    """``signum`` to ``pid`` and everything below it."""
+    for target in [pid, *descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(target, signum)
+
+
+class Run:
+    """One run of the command."""
+
+    def __init__(self, launch: Launch, env: Mapping[str, str]) -> None:
+        self.launch = launch
+        self.code: int | None = None
+        if launch.kind == "program":
+            self.process: subprocess.Popen[bytes] | None = subprocess.Popen(list(launch.argv), env=dict(env))
+            self.pid = self.process.pid
+            return
+        self.process = None
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the supervisor
+            os._exit(_child(launch, env))
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        """The exit code once the run ended."""
+        if self.code is not None:
+            return self.code
+        if self.process is not None:
+            self.code = self.process.poll()
+            return self.code
+        pid, status = os.waitpid(self.pid, os.WNOHANG)
+        if pid == self.pid:
+            self.code = os.waitstatus_to_exitcode(status)
+            if self.code < 0:  # killed by a signal: as a shell reports it
+                self.code = 128 - self.code
+        return self.code
+
+    def stop(self, grace: float) -> int:
+        """SIGTERM to the run's processes, SIGKILL to what is left after ``grace``; the exit code."""
+        signal_tree(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        left = descendants(self.pid) if self.code is None else []
+        signal_tree(self.pid, signal.SIGKILL)
+        while self.poll() is None:
+            time.sleep(POLL_SECONDS)
+        for pid in left:  # orphans of the launcher: wait until they are gone (their ports free)
+            while Path(f"/proc/{pid}").exists() and not _zombie(pid):
+                time.sleep(POLL_SECONDS)
+        assert self.code is not None
+        return self.code
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2 :].split()[0] == "Z"
+
+
+def _child(launch: Launch, env: Mapping[str, str]) -> int:
+    """A forked run: the command's environment, default signal handling, then the command."""
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(env)
+        if launch.kind == "torchrun":
+            return run_torchrun(launch.argv)
+        entry, args = python_entry(launch.argv)
+        try:
+            entry(*args)
+        except SystemExit as stop:
+            return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        return 0
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+# -- the supervisor -------------------------------------------------------------------------------
+
+
+class Supervisor:
+    """Runs the command, again for each new attempt, until it ends on its own or the pod stops."""
+
+    def __init__(
+        self,
+        launch: Launch,
+        *,
+        info_dir: Path | None,
+        stop_grace: float,
+        restart_wait: float,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.launch = launch
+        self.info_dir = info_dir
+        self.stop_grace = stop_grace
+        self.restart_wait = restart_wait
+        self.env = dict(os.environ if env is None else env)
+        self.terminating = False
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.terminating = True
+
+    def info(self) -> PodInfo | None:
+        return read_pod_info(self.info_dir) if self.info_dir is not None else None
+
+    def say(self, message: str) -> None:
+        print(f"phalanx-supervise: {message}", file=sys.stderr, flush=True)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, self._on_sigterm)
+        info = self.info()
+        while True:
+            attempt = info.attempt if info else "-"
+            self.say(f"attempt {attempt}: starting {self.launch.kind} {' '.join(self.launch.argv)}")
+            run = Run(self.launch, run_environment(self.env, info))
+            code, next_info = self._watch(run, info)
+            if next_info is None:
+                return code
+            self.say(f"attempt {next_info.attempt}: restarting in place (the last run ended with {code})")
+            info = next_info
+
+    def _watch(self, run: Run, info: PodInfo | None) -> tuple[int, PodInfo | None]:
+        """Wait for the run to end, or for a new attempt (then stop the run); returns the exit code
+        and the attempt to run next (None: the supervisor ends)."""
+        while True:
+            if self.terminating:
+                self.say("SIGTERM: stopping the command")
+                return run.stop(self.stop_grace), None
+            now = self.info()
+            if now is not None and info is not None and now.attempt != info.attempt:
+                self.say(f"attempt {now.attempt}: stopping the run of attempt {info.attempt}")
+                return run.stop(self.stop_grace), now
+            reap_orphans(keep=run.pid)
+            code = run.poll()
+            if code is not None:
+                if code == 0 or info is None:
+                    return code, None
+                return code, self._wait_for_attempt(info, code)
+            time.sleep(POLL_SECONDS)
+
+    def _wait_for_attempt(self, info: PodInfo, code: int) -> PodInfo | None:
+        """After a failed run: a new attempt within the wait restarts in place; else None."""
+        self.say(f"the command ended with {code}; waiting {self.restart_wait:g}s for a restart in place")
+        deadline = time.monotonic() + self.restart_wait
+        while time.monotonic() < deadline and not self.terminating:
+            now = self.info()
+            if now is not None and now.attempt != info.attempt:
+                return now
+            reap_orphans(keep=None)
+            time.sleep(POLL_SECONDS)
+        return None
+
+
+def reap_orphans(keep: int | None) -> None:
+    """Collect the orphans this process adopts as the container's first process, never ``keep``
+    (the current run, whose exit code ``Run.poll`` reads): ``WNOWAIT`` looks without collecting."""
+    while True:
+        try:
+            seen = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if seen is None or seen.si_pid == keep:
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(seen.si_pid, 0)
+
+
+def _float_env(env: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        return max(0.0, float(env.get(name, default)))
+    except ValueError:
+        return default
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="phalanx-supervise",
+        description="Run a training command; start it again in place when phalanx restarts the gang.",
+    )
+    parser.add_argument(
+        "--preload",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE once before the first run (repeatable): restarted runs find it imported",
+    )
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command (after --)")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given")
+    launch = classify(command)
+    preload(launch, [name for item in args.preload for name in item.split(",") if name])
+    info_dir = os.environ.get(POD_INFO_DIR_ENV)
+    supervisor = Supervisor(
+        launch,
+        info_dir=Path(info_dir) if info_dir else None,
+        stop_grace=_float_env(os.environ, STOP_GRACE_ENV, DEFAULT_STOP_GRACE_SECONDS),
+        restart_wait=_float_env(os.environ, RESTART_WAIT_ENV, DEFAULT_RESTART_WAIT_SECONDS),
+    )
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

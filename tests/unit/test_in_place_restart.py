@@ -1,0 +1,177 @@
+"""Gang restarts in place: a job whose command runs phalanx-supervise keeps its healthy worker pods
+through a gang restart, moves them to the new attempt (label and rendezvous id, which the
+supervisor reads from a downward-API volume), and replaces only the pods that were lost or failed.
+Counting, backoff and the budget stay as in a restart that recreates the gang."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phalanx.reconcile import naming
+from phalanx.reconcile.environment import resolve_launch, runs_supervisor
+from tests.unit.jobs import job
+from tests.unit.simulation import World
+
+SUPERVISED = ["phalanx-supervise", "--", "torchrun"]
+
+
+def supervised_job(**spec: Any) -> World:
+    containers = [{"name": "trainer", "image": "example/train:1", "command": SUPERVISED, "args": ["train.py"]}]
+    return World(job(template={"spec": {"containers": containers}}, **spec))
+
+
+def uids(world: World) -> dict[str, str]:
+    return {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in world.workers()}
+
+
+def env(pod: dict[str, Any]) -> dict[str, Any]:
+    return {var["name"]: var.get("value") for var in pod["spec"]["containers"][0]["env"]}
+
+
+def training(world: World) -> World:
+    world.settle()
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running"
+    return world
+
+
+@pytest.mark.parametrize(
+    ("command", "supervised"),
+    [
+        (["phalanx-supervise", "--", "torchrun", "-m", "train"], True),
+        (["/usr/local/bin/phalanx-supervise"], True),
+        (["python3", "-m", "phalanx.worker.supervise", "--", "python", "train.py"], True),
+        (["python", "-u", "-m", "phalanx.worker.supervise"], True),
+        (["torchrun", "-m", "train"], False),
+        (["sh", "-c", "phalanx-supervise -- torchrun train.py"], False),  # a shell is not looked into
+        (None, False),  # the image's entrypoint is not known
+    ],
+)
+def test_the_supervisor_is_recognised_in_the_trainer_command(command: list[str] | None, supervised: bool) -> None:
+    assert runs_supervisor(command) is supervised
+
+
+def test_a_supervised_pod_reads_its_attempt_from_a_downward_api_volume() -> None:
+    world = training(supervised_job())
+    pod = world.workers()[0]
+    variables = env(pod)
+    assert "PHALANX_ATTEMPT" not in variables and "PET_RDZV_ID" not in variables  # they change in place
+    assert variables["PHALANX_POD_INFO_DIR"] == naming.POD_INFO_DIR
+    assert variables["PHALANX_STOP_GRACE_SECONDS"] == "30"
+    assert pod["metadata"]["annotations"][naming.RENDEZVOUS_ID_ANNOTATION] == "5f1c0d2e-0"
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == naming.POD_INFO_VOLUME]
+    paths = {item["path"]: item["fieldRef"]["fieldPath"] for item in volume["downwardAPI"]["items"]}
+    assert paths == {
+        "attempt": "metadata.labels['phalanx.dev/attempt']",
+        "rendezvous-id": "metadata.annotations['phalanx.dev/rendezvous-id']",
+    }
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": naming.POD_INFO_VOLUME, "mountPath": naming.POD_INFO_DIR, "readOnly": True} in mounts
+    assert world.status["restartMode"] == "InPlace"
+
+
+def test_without_the_supervisor_or_under_kueue_the_gang_is_recreated() -> None:
+    plain = training(World(job()))
+    assert plain.status["restartMode"] == "Recreate"
+    assert env(plain.workers()[0])["PET_RDZV_ID"] == "5f1c0d2e-0"
+    containers = [{"name": "trainer", "image": "example/train:1", "command": SUPERVISED}]
+    queued = job(template={"spec": {"containers": containers}}, gang={"scheduler": "kueue", "queue": "q"})
+    assert resolve_launch(queued.spec).restart_mode == "Recreate"  # each attempt is a pod group of its own
+
+
+def test_a_lost_store_restarts_the_gang_in_place_keeping_every_worker_pod() -> None:
+    world = training(supervised_job())
+    before = uids(world)
+    world.delete_pod("demo-rdzv")
+    restart = world.reconcile()
+    assert world.status["attempt"] == 1 and world.status["restarts"] == 0
+    assert not [d for d in restart.delete if d.name.startswith("demo-worker")]
+    [event] = [e for e in restart.events if e.reason == "GangRestart"]
+    assert "restarting the gang in place as attempt 1 (3 of 3 workers kept)" in event.message
+    store = world.reconcile()  # the new store first: moved workers dial it at once
+    assert [obj["metadata"]["name"] for obj in store.apply if obj["kind"] == "Pod"] == ["demo-rdzv"]
+    assert not store.move
+    world.run("demo-rdzv")
+    moved = world.reconcile()
+    assert {move.name for move in moved.move} == set(before)
+    assert world.status["phase"] == "Restarting" and "restarting 3 worker(s) in place" in world.status["message"]
+    world.settle()
+    assert uids(world) == before  # the same pods
+    for pod in world.workers():
+        assert pod["metadata"]["labels"][naming.ATTEMPT_LABEL] == "1"
+        assert pod["metadata"]["annotations"][naming.RENDEZVOUS_ID_ANNOTATION] == "5f1c0d2e-1"
+    world.reconcile()
+    assert world.status["phase"] == "Running" and world.status["restartsByReason"] == {"RendezvousStoreLost": 1}
+
+
+def test_too_few_survivors_replace_only_the_failed_pods_counted_once_after_the_backoff() -> None:
+    world = training(supervised_job())
+    before = uids(world)
+    world.terminate("demo-worker-1", 1)
+    world.terminate("demo-worker-2", 1)
+    restart = world.reconcile()
+    assert world.status["attempt"] == 1 and world.status["restarts"] == 1
+    assert {d.name for d in restart.delete} == {"demo-worker-1", "demo-worker-2"}
+    assert "(1 of 3 workers kept)" in world.status["message"]
+    world.finish_terminating()
+    world.run("demo-rdzv")
+    waiting = world.reconcile()  # backoff: the kept pod's processes are not restarted yet
+    assert not waiting.move and world.status["reason"] == "Backoff"
+    world.advance(10)
+    moved = world.reconcile()
+    assert [(m.name, m.uid, m.from_attempt, m.to_attempt) for m in moved.move] == [
+        ("demo-worker-0", before["demo-worker-0"], 0, 1)
+    ]
+    replaced = world.reconcile()
+    created = sorted(obj["metadata"]["name"] for obj in replaced.apply if obj["kind"] == "Pod")
+    assert created == ["demo-worker-1", "demo-worker-2"]
+    world.run()
+    world.settle()
+    assert uids(world)["demo-worker-0"] == before["demo-worker-0"]
+    assert world.status["restarts"] == 1 and world.status["restartsByReason"] == {"WorkerFailed": 1}
+    assert world.status["phase"] == "Running"
+
+
+def test_a_sigkill_after_the_new_attempt_was_recorded_still_moves_the_kept_pods_once() -> None:
+    world = training(supervised_job())
+    before = uids(world)
+    world.delete_pod("demo-rdzv")
+    world.carry_out(world.plan(), stop_after_status=True)  # the operator dies after the status write
+    assert world.status["attempt"] == 1
+    world.settle()
+    world.run("demo-rdzv")
+    world.settle()
+    assert uids(world) == before
+    assert {pod["metadata"]["labels"][naming.ATTEMPT_LABEL] for pod in world.workers()} == {"1"}
+    assert world.status["restartsByReason"] == {"RendezvousStoreLost": 1}
+    again = world.plan()  # a move planned again from an older view changes nothing: it tests the attempt
+    assert not again.move
+
+
+def test_pods_on_a_node_that_is_not_ready_or_whose_container_exited_are_replaced() -> None:
+    world = supervised_job()
+    world.settle()
+    world.run("demo-worker-2", node="node-b")
+    world.run()
+    world.reconcile()
+    world.node_not_ready("node-b")  # a blip: not lost, but its pod is not kept through a restart
+    world.terminate("demo-worker-1", 0, terminal=False)  # exited, the kubelet has not said Succeeded yet
+    world.delete_pod("demo-rdzv")
+    restart = world.reconcile()
+    assert {d.name for d in restart.delete} == {"demo-worker-1", "demo-worker-2"}
+    assert "(1 of 3 workers kept)" in world.status["message"]
+
+
+def test_an_old_pod_created_without_the_supervisor_is_replaced_not_moved() -> None:
+    world = training(World(job()))
+    plain = uids(world)
+    containers = [{"name": "trainer", "image": "example/train:1", "command": SUPERVISED, "args": ["train.py"]}]
+    body = world.body
+    body["spec"]["template"]["spec"]["containers"] = containers
+    world.delete_pod("demo-rdzv")
+    restart = world.reconcile()
+    assert world.status["restartMode"] == "InPlace"
+    assert {d.name for d in restart.delete} == set(plain)  # no downward-API volume: they could not follow
