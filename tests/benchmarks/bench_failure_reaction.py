@@ -156,7 +156,7 @@ def run(repetitions: int, warmup: int, nodes: int) -> dict[str, Any]:
             kubectl = Kubectl(cluster.kubeconfig)
             for path in cluster_crds():
                 kubectl.apply(yaml.safe_load(path.read_text()))
-            kubectl.run("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+            kubectl.wait_established()
             kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
             operator = OperatorProcess(
                 pathlib.Path(cluster.kubeconfig), pathlib.Path(scratch) / "operator.log", namespace=NAMESPACE

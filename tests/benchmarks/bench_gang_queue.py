@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             kubectl = Kubectl(cluster.kubeconfig)
             for path in cluster_crds():
                 kubectl.apply(yaml.safe_load(path.read_text()))
-            kubectl.run("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+            kubectl.wait_established()
             components.append(Coscheduling(cluster).start())
             components.append(Kueue(cluster).start())
             operator = OperatorProcess(Path(cluster.kubeconfig), Path(scratch) / "operator.log").start()

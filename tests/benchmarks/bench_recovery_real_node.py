@@ -64,7 +64,7 @@ def main() -> int:
     try:
         kubectl = Kubectl(cluster.kubeconfig)
         kubectl.apply(yaml.safe_load((ROOT / "crds" / crd.CRD_FILE).read_text()))
-        kubectl.run("wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")
+        kubectl.wait_established(crd.CRD_NAME)
         namespace = "bench"
         kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         kubectl.wait_for(lambda: kubectl.get("serviceaccount", "default", namespace), timeout=30)

@@ -729,7 +729,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             kubectl = Kubectl(cluster.kubeconfig)
             for path in cluster_crds():
                 kubectl.apply(yaml.safe_load(path.read_text()))
-            kubectl.run("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+            kubectl.wait_established()
             bench = Bench(cluster, workdir, args.workers, in_flight=args.in_flight, memory_profiles=args.memory_profile,
                           cpu_profiles=args.cpu_profile, apiserver_profiles=args.apiserver_profile)  # fmt: skip
             nodes = 0

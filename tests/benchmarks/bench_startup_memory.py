@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 kubectl = Kubectl(cluster.kubeconfig)
                 for path in cluster_crds():
                     kubectl.apply(yaml.safe_load(path.read_text()))
-                kubectl.run("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+                kubectl.wait_established()
                 kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
                 kubectl.wait_for(lambda: kubectl.get("serviceaccount", "default", NAMESPACE) is not None, timeout=60,
                                  what=f"{NAMESPACE}/default ServiceAccount")  # fmt: skip

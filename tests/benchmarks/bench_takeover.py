@@ -103,7 +103,7 @@ def run(repetitions: int, nodes: int) -> dict[str, Any]:
             kubectl = Kubectl(cluster.kubeconfig)
             for path in cluster_crds():
                 kubectl.apply(yaml.safe_load(path.read_text()))
-            kubectl.run("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+            kubectl.wait_established()
             kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
             for name in ("a", "b"):
                 environment = {

@@ -449,7 +449,7 @@ class ChaosRun:
         for path in cluster_crds():
             body = yaml.safe_load(path.read_text())
             kubectl.apply(body)
-            kubectl.run("wait", "--for=condition=Established", f"crd/{body['metadata']['name']}", "--timeout=60s")
+            kubectl.wait_established(body["metadata"]["name"])
         for namespace in (NAMESPACE, TENANT_NAMESPACE):
             kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         kubectl.wait_for(lambda: kubectl.get("serviceaccount", "default", NAMESPACE), timeout=30)

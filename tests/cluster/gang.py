@@ -87,7 +87,7 @@ def _apply_crds(kubectl: Kubectl, files: list[Path]) -> None:
         # Server-side: Kueue's Workload CRD is larger than client-side apply's annotation allows.
         kubectl.run("apply", "--server-side", "--force-conflicts", f"--filename={path}")
     names = [yaml.safe_load(path.read_text())["metadata"]["name"] for path in files]
-    kubectl.run("wait", "--for=condition=Established", *[f"crd/{name}" for name in names], "--timeout=60s")
+    kubectl.wait_established(*names)
 
 
 class Coscheduling:

@@ -133,6 +133,20 @@ class Kubectl:
         pairs = [f"{k}-" if v is None else f"{k}={v}" for k, v in labels.items()]
         self.run("label", kind, name, *self._ns(namespace), "--overwrite", *pairs)
 
+    def wait_established(self, *names: str, timeout: float = 60.0) -> None:
+        """Wait until each CRD (by name; none: every CRD) is Established. Polled, not `kubectl wait`:
+        that fails at once on a CRD whose status has no conditions yet."""
+
+        def established(crd: Mapping[str, Any]) -> bool:
+            conditions = (crd.get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+        def all_established() -> bool:
+            crds = [self.get("crd", name) or {} for name in names] if names else self.list("crd")
+            return all(established(crd) for crd in crds)
+
+        self.wait_for(all_established, timeout=timeout, what=f"CRDs {', '.join(names) or '(all)'} Established")
+
     @staticmethod
     def wait_for(
         predicate: Callable[[], T],

@@ -45,7 +45,7 @@ def _reachable(kubeconfig: str) -> bool:
 def _install(kubectl: Kubectl) -> None:
     crd = ROOT / "crds" / "trainingjobs.phalanx.dev.yaml"
     kubectl.apply(yaml.safe_load(crd.read_text()))
-    kubectl.run("wait", "--for=condition=Established", "crd/trainingjobs.phalanx.dev", "--timeout=60s")
+    kubectl.wait_established("trainingjobs.phalanx.dev")
 
 
 def up() -> int:

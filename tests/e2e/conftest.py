@@ -51,7 +51,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def kubectl(real_cluster: Any) -> Kubectl:
     client = Kubectl(real_cluster.kubeconfig)
     client.apply(yaml.safe_load((ROOT / "crds" / crd.CRD_FILE).read_text()))
-    client.run("wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")
+    client.wait_established(crd.CRD_NAME)
     return client
 
 

@@ -245,7 +245,7 @@ def test_chart_install_metrics_upgrade_uninstall(kube: Kubectl, helm: Callable[.
     assert container["image"] == dockerfile_images.REFS["operator"] and container["imagePullPolicy"] == "Never"
     assert env_of(container)["PHALANX_RECONCILE_WORKERS"] == "8"
     assert kube.get("crd", crd.CRD_NAME) is not None
-    kube.run("wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")
+    kube.wait_established(crd.CRD_NAME)
     baseline = kube.wait_for(lambda: scrape_operator(kube), timeout=60, interval=0.5, what="operator /metrics")
     metric("helm install to operator /metrics answering", time.monotonic() - t0)
     reconciles_before = value(baseline, "controller_runtime_reconcile_total") or 0.0

@@ -179,7 +179,7 @@ def crds(kubectl: Kubectl) -> list[str]:
         kubectl.apply(body)
         names.append(body["metadata"]["name"])
     for name in names:
-        kubectl.run("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        kubectl.wait_established(name)
     return names
 
 
@@ -190,7 +190,7 @@ def volcano_api(kubectl: Kubectl, crds: list[str]) -> Iterator[dict[str, Any]]:
     definition: dict[str, Any] = yaml.safe_load(VOLCANO_STAND_IN.read_text())
     name = definition["metadata"]["name"]
     kubectl.apply(definition)
-    kubectl.run("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    kubectl.wait_established(name)
     try:
         yield definition
     finally:

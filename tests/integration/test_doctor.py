@@ -77,15 +77,7 @@ def job_file(tmp_path: pathlib.Path, *, gang: str = "none", gpus: int = 0, restr
 
 def apply_crd(kubectl: Kubectl, body: dict[str, Any]) -> None:
     kubectl.run("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump(body))
-    name = body["metadata"]["name"]
-
-    def established() -> bool:
-        # polled, not `kubectl wait`: that fails at once on a CRD whose status has no conditions yet
-        crd = kubectl.get("crd", name) or {}
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-
-    kubectl.wait_for(established, timeout=60, what=f"crd/{name} Established")
+    kubectl.wait_established(body["metadata"]["name"])
 
 
 def lease(kubectl: Kubectl, renewed: datetime) -> None:
