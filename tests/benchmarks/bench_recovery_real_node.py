@@ -1,92 +1,327 @@
-"""Time from losing a worker to training resumed, with real torchrun workers on the real node.
+"""Recovery on the real node: seconds from a failure to the first training step of the re-formed
+world, and the steps computed twice, today's way (Recreate: a plain torchrun command) and with
+phalanx-supervise (InPlace), side by side in one run.
 
-    python -m tests.benchmarks.bench_recovery_real_node [--repetitions 3]
+    python -m tests.benchmarks.bench_recovery_real_node [--repetitions 5] [--cases store-lost,hang]
 
-Starts the control plane with one real kubelet node (tests/cluster/node), the operator and, per
-repetition, a 3-worker gloo job (min 2) that checkpoints every 10 steps. Once all three train
-in one world, the node is cordoned (no capacity for a replacement) and one worker is deleted;
-the clock stops at the first training step the two survivors log in their re-formed world of
-two. That interval is the whole elastic recovery: SIGTERM to the lost worker, the agreed final
-checkpoint, the survivors' failed collective, torchrun's re-rendezvous (lastCallTimeoutSeconds
-1), process restart with torch import, and the checkpoint load. Prints median/min/max as JSON
-with the commit. Stops everything it started, by PID.
+Starts the control plane with one real kubelet node (tests/cluster/node) and the operator. For each
+case and mode, one 3-worker gloo job (min 2, a step every 0.1 s, checkpoints every 10 steps) trains;
+then, ``--repetitions`` times, a failure is injected once the world of 3 has taken 10 steps since
+the last recovery, and the clock stops at the first step logged in the re-formed world:
+
+- ``process-killed``: one rank's process of worker 2 is SIGKILLed (found on this host by its
+  environment); torchrun re-forms the world of 3 in every pod;
+- ``pod-deleted``: worker 2 is deleted while the node is cordoned (no room for a replacement): the
+  two survivors go on at world size 2 (then the node is uncordoned and the world grows back);
+- ``store-lost``: the rendezvous store pod is deleted: a gang restart (Recreate: three new pods;
+  InPlace: the same pods, restarted processes);
+- ``hang``: one rank's process of worker 2 is SIGSTOPped; the job's progressDeadlineSeconds (30,
+  the least allowed) restarts the gang (``NoProgress``).
+
+Each figure is broken down by the timestamps of worker 0's log lines (``kubectl logs
+--timestamps``: torchrun at LOGLEVEL=INFO, phalanx-supervise and the demo print markers) and, when
+worker 0 is a new pod, its creation and start (second resolution): until the new run starts (the
+operator's reaction, then scheduling and container start of a new pod, or the supervisor's stop of
+the old run), the launcher's start (torchrun's imports), rendezvous, the workers' start and torch
+import, process group and checkpoint load, the first step. Steps recomputed: the last step logged
+before the failure minus the step the new world resumed from. Prints medians as JSON with the
+commit. Stops everything it started, by PID.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import signal
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from phalanx.api import crd
-from tests.benchmarks.harness import commit
+from tests.benchmarks.harness import commit, stop_on_signals
 from tests.cluster.kube import Kubectl
-from tests.e2e.test_training import elastic_job, logs, wait_for_step
+from tests.cluster.localcluster import LocalCluster
+from tests.e2e.test_training import elastic_job
 from tests.integration.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
+CASES = ("process-killed", "pod-deleted", "store-lost", "hang")
+MODES = ("Recreate", "InPlace")
+STEP = re.compile(r"step=(\d+) loss=[0-9.]+ world_size=(\d+)")
+# worker 0's log lines that mark the phases of a recovery, in order
+MARKERS = (
+    ("old_run_stopping", re.compile(r"phalanx-supervise: attempt \d+: stopping")),
+    ("run_started", re.compile(r"phalanx-supervise: attempt \d+: starting")),
+    ("launcher_started", re.compile(r"Starting elastic_operator")),
+    ("rendezvous_began", re.compile(r"Rendezvous'ing worker group")),
+    ("rendezvous_done", re.compile(r"Rendezvous complete for workers")),
+    ("torch_imported", re.compile(r"phalanx-demo: imported torch")),
+    ("checkpoint_loaded", re.compile(r"phalanx-demo: starting at step")),
+)
 
 
-def one_recovery(kubectl: Kubectl, namespace: str) -> float:
-    name = f"bench-{uuid.uuid4().hex[:4]}"
-    kubectl.create(elastic_job(name, namespace, 2000), namespace=namespace)
-    pods = [f"{name}-worker-{index}" for index in range(3)]
-    wait_for_step(kubectl, namespace, pods, world=3, step=15)
-    kubectl.run("cordon", "real-node")
+@dataclass
+class Sample:
+    seconds: float
+    recomputed: int
+    phases: dict[str, float]
+
+
+def bench_job(name: str, namespace: str, mode: str) -> dict[str, Any]:
+    job = elastic_job(name, namespace, 100000)
+    job["spec"]["failurePolicy"] = {
+        "backoffSeconds": 0,
+        "maxRestarts": 100,
+        "workerRestarts": 100,
+        "progressDeadlineSeconds": 30,
+    }
+    pod = job["spec"]["template"]["spec"]
+    pod["terminationGracePeriodSeconds"] = 5  # a stopped (hung) process waits this long for SIGKILL
+    [trainer] = pod["containers"]
+    trainer["env"] = [{"name": "LOGLEVEL", "value": "INFO"}]  # torchrun's rendezvous lines
+    if mode == "InPlace":
+        trainer["command"] = ["phalanx-supervise", "--", "torchrun"]
+    return job
+
+
+def timestamped(kubectl: Kubectl, namespace: str, pod: str) -> list[tuple[float, str]]:
+    return parse_log(kubectl.run("logs", pod, f"--namespace={namespace}", "--timestamps", check=False).stdout)
+
+
+def follow(kubectl: Kubectl, namespace: str, pod: str) -> subprocess.Popen[str]:
+    """``kubectl logs --follow`` of the pod as it is now: what a pod deleted by the recovery logged
+    up to its end (its log goes with it)."""
+    argv = [str(kubectl.binary), f"--kubeconfig={kubectl.kubeconfig}", "logs", "--follow", "--timestamps", pod]
+    return subprocess.Popen([*argv, f"--namespace={namespace}"], stdout=subprocess.PIPE, text=True)
+
+
+def followed(process: subprocess.Popen[str]) -> list[tuple[float, str]]:
+    process.terminate()
+    out, _ = process.communicate(timeout=30)
+    return parse_log(out)
+
+
+def parse_log(text: str) -> list[tuple[float, str]]:
+    lines = []
+    for line in text.splitlines():
+        stamp, _, rest = line.partition(" ")
+        try:
+            lines.append((parse_stamp(stamp), rest))
+        except ValueError:
+            continue
+    return lines
+
+
+def parse_stamp(stamp: str) -> float:
+    """An RFC 3339 time with up to nanoseconds, as seconds since the epoch."""
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(whole + "+00:00").timestamp() + (float(f"0.{fraction}") if fraction else 0.0)
+
+
+def steps_of(lines: list[tuple[float, str]], world: int, after: float = 0.0) -> list[tuple[float, int]]:
+    return [
+        (at, int(match.group(1)))
+        for at, text in lines
+        if at > after and (match := STEP.search(text)) and int(match.group(2)) == world
+    ]
+
+
+def new_world_steps(lines: list[tuple[float, str]], world: int, failed: float) -> list[tuple[float, int]]:
+    """The steps of the world formed after ``failed``: after the first process that joined it (the
+    old world may go on stepping for a while: a lost store stops no collective)."""
+    joined = next((at for at, text in lines if at > failed and "phalanx-demo: joined" in text), None)
+    return [] if joined is None else steps_of(lines, world, joined)
+
+
+def wait_for_steps(kubectl: Kubectl, namespace: str, pod: str, world: int, after: float, count: int) -> None:
+    kubectl.wait_for(
+        lambda: len(steps_of(timestamped(kubectl, namespace, pod), world, after)) >= count,
+        timeout=300,
+        interval=0.5,
+        what=f"{count} logged steps of {pod} at world size {world}",
+    )
+
+
+def rank_process(job: str, index: int) -> int:
+    """A training process (a leaf of the worker's process tree) of ``job``'s worker ``index``."""
+    mine: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if f"PHALANX_JOB_NAME={job}".encode() in environ and f"PHALANX_WORKER_INDEX={index}".encode() in environ:
+            mine[int(entry.name)] = int(stat[stat.rfind(")") + 2 :].split()[1])
+    leaves = [pid for pid, parent in mine.items() if parent in mine and pid not in mine.values()]
+    if not leaves:
+        raise RuntimeError(f"no training process of {job} worker {index} on this host")
+    return max(leaves)
+
+
+def one_recovery(kubectl: Kubectl, namespace: str, name: str, case: str, since: float) -> tuple[Sample, float]:
+    """Inject the failure once the world of 3 took 10 steps after ``since``; the sample and when
+    the world of 3 trains again (for the next repetition)."""
+    worker0 = f"{name}-worker-0"
+    wait_for_steps(kubectl, namespace, worker0, 3, since, 10)
+    old_uid = (kubectl.get("pod", worker0, namespace) or {})["metadata"]["uid"]
+    old_run = follow(kubectl, namespace, worker0)
+    world = 2 if case == "pod-deleted" else 3
+    if case == "pod-deleted":
+        kubectl.run("cordon", "real-node")
+    failed = time.time()
+    inject(kubectl, namespace, name, case)
     try:
-        lost = time.monotonic()
-        kubectl.run("delete", "pod", pods[2], f"--namespace={namespace}", "--wait=false")
-        while "world_size=2 rank" not in logs(kubectl, namespace, pods[0]) + logs(kubectl, namespace, pods[1]):
-            if time.monotonic() - lost > 300:
-                raise TimeoutError("no training step in a world of 2 within 300 s")
-            time.sleep(0.2)
-        return time.monotonic() - lost
+        first = kubectl.wait_for(
+            lambda: new_world_steps(timestamped(kubectl, namespace, worker0), world, failed)[:1],
+            timeout=300,
+            interval=0.2,
+            what=f"a training step of {worker0} at world size {world} after the failure",
+        )
+        old_lines = followed(old_run)
     finally:
-        kubectl.run("uncordon", "real-node")
+        if case == "pod-deleted":
+            kubectl.run("uncordon", "real-node")
+        if old_run.poll() is None:
+            old_run.kill()
+            old_run.wait()
+    everything = timestamped(kubectl, namespace, worker0)
+    joined = next(at for at, text in everything if at > failed and "phalanx-demo: joined" in text)
+    # the old world's last step, from the old pod's log when it was replaced
+    old_steps = steps_of(sorted(set(everything) | set(old_lines)), 3)
+    last_step = max(step for at, step in old_steps if at < joined)
+    lines = [(at, text) for at, text in everything if at > failed]
+    resumed = next((int(m.group(1)) for _, text in lines if (m := re.search(r"resumed_from=(\d+)", text))), None)
+    marks: list[tuple[str, float]] = []
+    pod = kubectl.get("pod", worker0, namespace) or {}
+    if pod.get("metadata", {}).get("uid") != old_uid:  # a new pod: when it was created and started
+        created = parse_stamp(pod["metadata"]["creationTimestamp"])
+        started = ((pod["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get("running") or {}
+        marks.append(("pod_created", created))
+        if started.get("startedAt"):
+            marks.append(("container_started", parse_stamp(started["startedAt"])))
+    for label, pattern in MARKERS:
+        at = next((at for at, text in lines if pattern.search(text)), None)
+        if at is not None:
+            marks.append((label, at))
+    marks.append(("first_step", first[0][0]))
+    phases: dict[str, float] = {}
+    previous = failed
+    for label, at in marks:
+        phases[f"until_{label}"] = round(max(0.0, at - previous), 3)
+        previous = max(previous, at)
+    # -1: the world went on without restarting its processes (nothing was resumed)
+    sample = Sample(first[0][0] - failed, max(0, last_step - resumed) if resumed is not None else -1, phases)
+    return sample, first[0][0]
+
+
+def inject(kubectl: Kubectl, namespace: str, name: str, case: str) -> None:
+    if case == "process-killed":
+        os.kill(rank_process(name, 2), signal.SIGKILL)
+    elif case == "hang":
+        os.kill(rank_process(name, 2), signal.SIGSTOP)
+    elif case == "pod-deleted":
+        kubectl.run("delete", "pod", f"{name}-worker-2", f"--namespace={namespace}", "--wait=false")
+    else:
+        kubectl.run("delete", "pod", f"{name}-rdzv", f"--namespace={namespace}", "--wait=false")
+
+
+def run_case(kubectl: Kubectl, namespace: str, case: str, mode: str, repetitions: int) -> list[Sample]:
+    name = f"{case.split('-', maxsplit=1)[0]}-{mode.lower()}-{uuid.uuid4().hex[:4]}"
+    kubectl.create(bench_job(name, namespace, mode), namespace=namespace)
+    samples: list[Sample] = []
+    since = 0.0
+    try:
+        for _ in range(repetitions):
+            sample, since = one_recovery(kubectl, namespace, name, case, since)
+            samples.append(sample)
+            print(f"{case} {mode}: {sample.seconds:.2f}s, recomputed {sample.recomputed}, {sample.phases}", flush=True)
+    finally:
         kubectl.delete("tj", name, namespace, wait=True)
+    return samples
+
+
+def summarize(samples: list[Sample]) -> dict[str, Any]:
+    phases = sorted({phase for sample in samples for phase in sample.phases})
+    return {
+        "median_seconds": round(statistics.median(s.seconds for s in samples), 2),
+        "min_seconds": round(min(s.seconds for s in samples), 2),
+        "max_seconds": round(max(s.seconds for s in samples), 2),
+        "samples_seconds": [round(s.seconds, 2) for s in samples],
+        "median_recomputed_steps": statistics.median(s.recomputed for s in samples),
+        "median_phases_seconds": {
+            phase: round(statistics.median(s.phases.get(phase, 0.0) for s in samples), 2) for phase in phases
+        },
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repetitions", type=int, default=3)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     args = parser.parse_args()
+    cases = [case for case in args.cases.split(",") if case]
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        parser.error(f"unknown cases: {sorted(unknown)}")
     from tests.cluster.node.realnode import RealNode, cluster_with_real_node
 
     directory = Path(tempfile.mkdtemp(prefix="phalanx-bench-recovery-"))
     cluster = cluster_with_real_node(directory / "cluster", node=RealNode(taint=False))
-    cluster.start()
-    try:
-        kubectl = Kubectl(cluster.kubeconfig)
-        kubectl.apply(yaml.safe_load((ROOT / "crds" / crd.CRD_FILE).read_text()))
-        kubectl.wait_established(crd.CRD_NAME)
-        namespace = "bench"
-        kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        kubectl.wait_for(lambda: kubectl.get("serviceaccount", "default", namespace), timeout=30)
-        with OperatorProcess(Path(cluster.kubeconfig), directory / "operator.log", namespace=namespace):
-            samples = [one_recovery(kubectl, namespace) for _ in range(args.repetitions)]
-    finally:
-        cluster.stop()
+    results: dict[str, dict[str, Any]] = {}
+    with stop_on_signals():
+        cluster.start()
+        try:
+            measure(cluster, directory, cases, args.repetitions, results)
+        finally:
+            cluster.stop()
     print(
         json.dumps(
             {
-                "benchmark": "worker lost -> training resumed at world size 2 (real node, gloo, 3 workers, min 2)",
+                "benchmark": "failure -> first training step of the re-formed world (real node, gloo, "
+                "3 workers, min 2, a step every 0.1 s, checkpoints every 10 steps)",
                 "commit": commit(),
-                "repetitions": len(samples),
-                "median_seconds": round(statistics.median(samples), 2),
-                "min_seconds": round(min(samples), 2),
-                "max_seconds": round(max(samples), 2),
-                "samples_seconds": [round(s, 2) for s in samples],
+                "repetitions": args.repetitions,
+                "cases": results,
             },
             indent=1,
         )
     )
     return 0
+
+
+def measure(
+    cluster: LocalCluster, directory: Path, cases: list[str], repetitions: int, results: dict[str, Any]
+) -> None:
+    """Every case, both modes side by side, into ``results``."""
+    kubectl = Kubectl(cluster.kubeconfig)
+    kubectl.apply(yaml.safe_load((ROOT / "crds" / crd.CRD_FILE).read_text()))
+    kubectl.wait_established(crd.CRD_NAME)
+    namespace = "bench"
+    kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    kubectl.wait_for(lambda: kubectl.get("serviceaccount", "default", namespace), timeout=30)
+    # workers' progress read every 2 s: the hang case's deadline is what it waits for
+    scrapes = {"PHALANX_PROGRESS_INTERVAL_SECONDS": "2"}
+    log = directory / "operator.log"
+    with OperatorProcess(Path(cluster.kubeconfig), log, namespace=namespace, extra_env=scrapes):
+        for case in cases:
+            results[case] = {}
+            for mode in MODES:  # side by side: the same cluster, one after the other
+                results[case][mode] = summarize(run_case(kubectl, namespace, case, mode, repetitions))
+            recreate, in_place = (results[case][mode]["median_seconds"] for mode in MODES)
+            results[case]["in_place_over_recreate"] = round(in_place / recreate, 2) if recreate else None
 
 
 if __name__ == "__main__":

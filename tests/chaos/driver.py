@@ -121,6 +121,8 @@ TRAINER: dict[str, Any] = {
     "args": ["train.py"],
     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
 }
+# half the jobs restart their gang in place: the operator keeps their healthy pods and moves them
+SUPERVISED_TRAINER: dict[str, Any] = {**TRAINER, "command": ["phalanx-supervise", "--", "torchrun"]}
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class Story:
     minimum: int
     maximum: int
     desired: int
+    in_place: bool = False
 
     @property
     def max_restarts(self) -> int:
@@ -173,6 +176,8 @@ class Wait:
     attempt_above: int | None = None
     suspended: bool = False
     gone: bool = False
+    kept: frozenset[str] = frozenset()
+    """UIDs of the pods a gang restart in place should keep: counted when the new attempt runs."""
 
 
 @dataclass
@@ -252,6 +257,8 @@ class Report:
     pods_placed_while_avoiding: set[str] = field(default_factory=set)  # UIDs
     peak_rss_mib: float = 0.0
     counted_failures: int = 0
+    gang_restarts_in_place: int = 0
+    pods_kept_in_place: int = 0
     violations: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -264,6 +271,8 @@ class Report:
             "pods_seen": self.pods_seen,
             "steps": dict(sorted(self.steps.items())),
             "counted_failures_injected": self.counted_failures,
+            "gang_restarts_in_place": self.gang_restarts_in_place,
+            "pods_kept_through_them": self.pods_kept_in_place,
             "operator_kills": self.operator_kills,
             "operator_kills_of_the_leader": self.leader_kills,
             "operator_kills_of_the_standby": self.standby_kills,
@@ -338,7 +347,7 @@ def stories(config: ChaosConfig, rng: random.Random) -> Iterator[Story]:
         maximum = minimum + rng.choice((1, 2))
         steps = [rng.choice(MIDDLE_STEPS) for _ in range(rng.randint(*config.steps_per_job))]
         end = "exhaust" if index % 5 == 4 else "succeed"
-        yield Story(steps, end, minimum, maximum, rng.randint(minimum, maximum))
+        yield Story(steps, end, minimum, maximum, rng.randint(minimum, maximum), in_place=index % 2 == 1)
 
 
 class ChaosRun:
@@ -1275,7 +1284,12 @@ class ChaosRun:
             gpus={"count": 1},
             failurePolicy={"maxRestarts": story.max_restarts, "backoffSeconds": 1, "maxBackoffSeconds": 2},
             ttlSecondsAfterFinished=TTL_SECONDS,
-            template={"spec": {"containers": [TRAINER], "nodeSelector": {POOL_LABEL: POOL}}},
+            template={
+                "spec": {
+                    "containers": [SUPERVISED_TRAINER if story.in_place else TRAINER],
+                    "nodeSelector": {POOL_LABEL: POOL},
+                }
+            },
         )
         body["metadata"] = {"name": name, "namespace": NAMESPACE}
         created = self.api.call("POST", f"/apis/phalanx.dev/v1alpha1/namespaces/{NAMESPACE}/trainingjobs", body)
@@ -1285,6 +1299,7 @@ class ChaosRun:
         self.report.jobs += 1
         self.say(
             f"{name}: created ({story.minimum}..{story.maximum}, {story.desired}), story {story.steps} -> {story.end}"
+            + (", gang restarts in place" if story.in_place else "")
         )
 
     def _workers(self, job: Job, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1391,6 +1406,10 @@ class ChaosRun:
             return
         if int(status.get("restarts", 0)) != job.expected_restarts:
             return  # not counted yet (an excess is reported above)
+        if wait.kept:  # the gang restarted in place: which of its healthy pods it kept
+            self.report.gang_restarts_in_place += 1
+            self.report.pods_kept_in_place += len(wait.kept & {p["metadata"]["uid"] for p in workers})
+            wait.kept = frozenset()
         job.settled = True
         if self._outrunning_the_faults() or job.hold is not None:
             wait.since = time.monotonic()  # waiting on the driver, not on the operator
@@ -1450,7 +1469,8 @@ class ChaosRun:
             if step in ("succeed", "exhaust"):
                 job.wait = Wait(f"{step}: the job ends and its TTL deletes it", now, gone=True)
             elif len(workers) - 1 < job.story.minimum:
-                job.wait = Wait(f"{step}: a gang restart", now, desired=desired, attempt_above=attempt)
+                job.wait = Wait(f"{step}: a gang restart", now, desired=desired, attempt_above=attempt,
+                                kept=self._keepable(job, workers, victim))  # fmt: skip
             else:
                 job.wait = Wait(f"{step}: {victim['metadata']['name']} replaced", now, desired=desired,
                                 victim_uid=victim["metadata"]["uid"])  # fmt: skip
@@ -1466,7 +1486,8 @@ class ChaosRun:
             job.expected_restarts += 1
             self.report.counted_failures += 1
             self.cluster.finish_pod(NAMESPACE, victim["metadata"]["name"], 1)
-            job.wait = Wait("gang: a new attempt running", now, desired=desired, attempt_above=attempt)
+            job.wait = Wait("gang: a new attempt running", now, desired=desired, attempt_above=attempt,
+                            kept=self._keepable(job, workers, victim))  # fmt: skip
         elif step == "evict":
             assert victim is not None
             name = victim["metadata"]["name"]
@@ -1505,6 +1526,13 @@ class ChaosRun:
             )
         )
 
+    @staticmethod
+    def _keepable(job: Job, workers: list[dict[str, Any]], victim: dict[str, Any]) -> frozenset[str]:
+        """The survivors a gang restart in place should keep (faults may still take some)."""
+        if not job.story.in_place:
+            return frozenset()
+        return frozenset(p["metadata"]["uid"] for p in workers if p["metadata"]["uid"] != victim["metadata"]["uid"])
+
     def _patch(self, path: str, body: dict[str, Any]) -> None:
         assert self.api is not None
         self.api.call("PATCH", path, body, content_type="application/merge-patch+json")
@@ -1523,6 +1551,8 @@ class ChaosRun:
             time.sleep(1)
         self._check_force_deletes()
         jobs, pods = self._observe()
+        if self.report.gang_restarts_in_place and not self.report.pods_kept_in_place:
+            self.violate(f"{self.report.gang_restarts_in_place} gang restarts in place kept no pod")
         if jobs:
             self.violate(f"jobs left at the end: {sorted(jobs)}")
         if pods:
@@ -1543,6 +1573,7 @@ def summary_line(report: Report) -> str:
         f"{figures['watch_cuts']} watch cuts, {figures['node_faults']} nodes NotReady past the grace, "
         f"{figures['node_flaps']} flaps, {figures['brownouts']} brownouts ({figures['brownout_nodes']} nodes), "
         f"{sum(figures['hostile_acts'].values())} hostile acts ({figures['hostile_pages_served']} pages served), "
+        f"{figures['gang_restarts_in_place']} gang restarts in place ({figures['pods_kept_through_them']} pods kept), "
         f"{figures['writes_audited']} writes audited, {figures['nodes_avoided_by_jobs']} nodes avoided by jobs "
         f"({figures['pods_created_while_their_job_avoided_nodes']} pods placed while they were), "
         f"peak RSS {figures['peak_rss_mib']} MiB, "

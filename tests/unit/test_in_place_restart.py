@@ -91,13 +91,12 @@ def test_a_lost_store_restarts_the_gang_in_place_keeping_every_worker_pod() -> N
     assert not [d for d in restart.delete if d.name.startswith("demo-worker")]
     [event] = [e for e in restart.events if e.reason == "GangRestart"]
     assert "restarting the gang in place as attempt 1 (3 of 3 workers kept)" in event.message
-    store = world.reconcile()  # the new store first: moved workers dial it at once
-    assert [obj["metadata"]["name"] for obj in store.apply if obj["kind"] == "Pod"] == ["demo-rdzv"]
-    assert not store.move
-    world.run("demo-rdzv")
-    moved = world.reconcile()
+    assert not restart.move  # not while the old store may still run: the moved launchers would dial it
+    moved = world.reconcile()  # the old store gone: the new one, and the pods moved beside it
+    assert [obj["metadata"]["name"] for obj in moved.apply if obj["kind"] == "Pod"] == ["demo-rdzv"]
     assert {move.name for move in moved.move} == set(before)
     assert world.status["phase"] == "Restarting" and "restarting 3 worker(s) in place" in world.status["message"]
+    world.run("demo-rdzv")
     world.settle()
     assert uids(world) == before  # the same pods
     for pod in world.workers():
@@ -116,6 +115,7 @@ def test_too_few_survivors_replace_only_the_failed_pods_counted_once_after_the_b
     assert world.status["attempt"] == 1 and world.status["restarts"] == 1
     assert {d.name for d in restart.delete} == {"demo-worker-1", "demo-worker-2"}
     assert "(1 of 3 workers kept)" in world.status["message"]
+    assert not restart.move  # a counted failure: after the backoff
     world.finish_terminating()
     world.run("demo-rdzv")
     waiting = world.reconcile()  # backoff: the kept pod's processes are not restarted yet
@@ -149,6 +149,24 @@ def test_a_sigkill_after_the_new_attempt_was_recorded_still_moves_the_kept_pods_
     assert world.status["restartsByReason"] == {"RendezvousStoreLost": 1}
     again = world.plan()  # a move planned again from an older view changes nothing: it tests the attempt
     assert not again.move
+
+
+def test_without_a_backoff_or_an_old_store_the_kept_pods_move_in_the_restarts_own_pass() -> None:
+    world = supervised_job()
+    world.settle()
+    world.run("demo-worker-1", node="node-b")
+    world.run("demo-worker-2", node="node-b")
+    world.run()
+    world.reconcile()
+    before = uids(world)
+    world.deleted_nodes.add("node-b")  # two workers lost with their node: not counted, no backoff
+    restart = world.reconcile()
+    assert world.status["attempt"] == 1 and world.status["restartsByReason"] == {"NodeLost": 1}
+    assert [(m.name, m.uid, m.to_attempt) for m in restart.move] == [("demo-worker-0", before["demo-worker-0"], 1)]
+    world.settle()
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running" and uids(world)["demo-worker-0"] == before["demo-worker-0"]
 
 
 def test_pods_on_a_node_that_is_not_ready_or_whose_container_exited_are_replaced() -> None:

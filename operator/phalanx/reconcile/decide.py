@@ -9,7 +9,8 @@ them in one function whose order is the order of precedence:
 3. suspension; resumption starts a new attempt;
 4. nodes: pods no kubelet can stop are force-deleted (``watch_nodes``); pods of old attempts go,
    except those an in-place gang restart keeps (``Context.keeps``), which are moved to the
-   current attempt once its store exists and its backoff has passed;
+   current attempt (by ``gang_restart`` itself when nothing is waited for; here once the backoff
+   has passed and an old store is gone);
 5. completion, then the active deadline;
 6. failures (``handle_failures``): fatal ones fail the job, others replace the workers or restart
    the gang (``gang_restart``); else a hang (``no_progress``) restarts the gang;
@@ -35,8 +36,8 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import creation, desired, naming
-from phalanx.reconcile.actions import NOTHING, Actions, Move, event, requeue
+from phalanx.reconcile import creation, desired, naming, restarts
+from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
 from phalanx.reconcile.creation import Wanted
 from phalanx.reconcile.decision import Context, Decision, Memory, Step, concluded, finish, wind_down
 from phalanx.reconcile.environment import resolve_launch
@@ -152,16 +153,16 @@ def decide_active(context: Context, memory: Memory) -> Decision:
             PhaseView("Restarting", "Backoff", f"attempt {memory.attempt} starts at {memory.restart_not_before}"),
             more=requeue((not_before - context.now).total_seconds()),
         )
-    if moving and store_pod is not None:
-        # after the backoff, and once the attempt's store exists: the moved pods' processes
-        # restart at once and dial it
-        rendezvous_id = naming.rendezvous_id(job.metadata.uid, memory.attempt)
-        moves = tuple(Move(pod.name, pod.uid, pod.attempt or 0, memory.attempt, rendezvous_id) for pod in moving)
+    if moving:
+        # after the backoff and once an old store is gone (above): the moved pods' processes restart
+        # at once and dial the attempt's store, which the launchers wait for if it is still starting
         message = f"restarting {len(moving)} worker(s) in place as attempt {memory.attempt}"
         leaving = [pod for pod in stale if pod not in moving]
         if leaving:
             message += "; " + old_workers_message(context, leaving)
-        return held(PhaseView("Restarting", "GangRestart", message), more=Actions(move=moves))
+        return held(
+            PhaseView("Restarting", "GangRestart", message), more=restarts.moving(context, moving, memory.attempt)
+        )
     if stale:
         return held(PhaseView("Restarting", "GangRestart", old_workers_message(context, stale)))
     if group is not None and not observed.has(

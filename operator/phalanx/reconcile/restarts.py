@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming
-from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
+from phalanx.reconcile.actions import NOTHING, Actions, Move, event, requeue
 from phalanx.reconcile.decision import Avoidance, Context, Memory, Step, finish
 from phalanx.reconcile.failures import Failure, classify
 from phalanx.reconcile.observed import PodRecord
@@ -207,9 +207,12 @@ def gang_restart(
         attempt=memory.attempt + 1,
         restart_not_before=format_time(context.now + timedelta(seconds=wait)) if wait else None,
     )
-    # healthy pods stay and their supervisors restart the processes once moved to the new attempt
-    kept = {pod.name for pod in current if context.keeps(pod, memory)}
-    actions = context.removing([pod for pod in current if pod.name not in kept])
+    # healthy pods stay and their supervisors restart the processes once moved to the new attempt:
+    # at once when nothing is waited for (no backoff, no old store to see go), else by ``decide``
+    kept = [pod for pod in current if context.keeps(pod, memory)]
+    actions = context.removing([pod for pod in current if pod not in kept])
+    if kept and not wait and not store_lost:
+        actions += moving(context, kept, memory.attempt)
     if store_lost and store is not None:
         actions += context.removing([store])
     how = f"restarting the gang as attempt {memory.attempt}"
@@ -226,6 +229,12 @@ def gang_restart(
     # a hang is named by its own reason: it is what the user must look into
     actions += event("Warning", "NoProgress" if failure.reason == "NoProgress" else "GangRestart", message)
     return Step(memory, actions, PhaseView("Restarting", failure.reason, message))
+
+
+def moving(context: Context, pods: list[PodRecord], attempt: int) -> Actions:
+    """Move pods a gang restart keeps to ``attempt``, with its rendezvous id."""
+    rendezvous_id = naming.rendezvous_id(context.job.metadata.uid, attempt)
+    return Actions(move=tuple(Move(pod.name, pod.uid, pod.attempt or 0, attempt, rendezvous_id) for pod in pods))
 
 
 def gang_cause(

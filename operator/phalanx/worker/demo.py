@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from phalanx.worker.session import TrainingSession
 
+    print(f"phalanx-demo: imported torch pid={os.getpid()}", flush=True)  # the recovery benchmark's marker
     with TrainingSession(checkpoint_every=args.checkpoint_every) as session:
         rank, world = session.rank, session.world_size
         print(
