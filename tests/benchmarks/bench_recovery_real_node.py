@@ -77,8 +77,10 @@ class Sample:
     phases: dict[str, float]
 
 
-def bench_job(name: str, namespace: str, mode: str) -> dict[str, Any]:
+def bench_job(name: str, namespace: str, mode: str, keep_alive: int | None) -> dict[str, Any]:
     job = elastic_job(name, namespace, 100000)
+    if keep_alive is not None:
+        job["spec"]["rendezvous"]["keepAliveSeconds"] = keep_alive
     job["spec"]["failurePolicy"] = {
         "backoffSeconds": 0,
         "maxRestarts": 100,
@@ -238,9 +240,11 @@ def inject(kubectl: Kubectl, namespace: str, name: str, case: str) -> None:
         kubectl.run("delete", "pod", f"{name}-rdzv", f"--namespace={namespace}", "--wait=false")
 
 
-def run_case(kubectl: Kubectl, namespace: str, case: str, mode: str, repetitions: int) -> list[Sample]:
+def run_case(
+    kubectl: Kubectl, namespace: str, case: str, mode: str, repetitions: int, keep_alive: int | None
+) -> list[Sample]:
     name = f"{case.split('-', maxsplit=1)[0]}-{mode.lower()}-{uuid.uuid4().hex[:4]}"
-    kubectl.create(bench_job(name, namespace, mode), namespace=namespace)
+    kubectl.create(bench_job(name, namespace, mode, keep_alive), namespace=namespace)
     samples: list[Sample] = []
     since = 0.0
     try:
@@ -271,6 +275,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument(
+        "--keep-alive-seconds",
+        type=int,
+        default=None,
+        help="the jobs' rendezvous.keepAliveSeconds (default: the API's, 5): a silent loss waits for 3 missed",
+    )
     args = parser.parse_args()
     cases = [case for case in args.cases.split(",") if case]
     unknown = set(cases) - set(CASES)
@@ -284,7 +294,7 @@ def main() -> int:
     with stop_on_signals():
         cluster.start()
         try:
-            measure(cluster, directory, cases, args.repetitions, results)
+            measure(cluster, directory, cases, args.repetitions, args.keep_alive_seconds, results)
         finally:
             cluster.stop()
     print(
@@ -294,6 +304,7 @@ def main() -> int:
                 "3 workers, min 2, a step every 0.1 s, checkpoints every 10 steps)",
                 "commit": commit(),
                 "repetitions": args.repetitions,
+                "keep_alive_seconds": args.keep_alive_seconds or 5,
                 "cases": results,
             },
             indent=1,
@@ -303,7 +314,12 @@ def main() -> int:
 
 
 def measure(
-    cluster: LocalCluster, directory: Path, cases: list[str], repetitions: int, results: dict[str, Any]
+    cluster: LocalCluster,
+    directory: Path,
+    cases: list[str],
+    repetitions: int,
+    keep_alive: int | None,
+    results: dict[str, Any],
 ) -> None:
     """Every case, both modes side by side, into ``results``."""
     kubectl = Kubectl(cluster.kubeconfig)
@@ -319,7 +335,7 @@ def measure(
         for case in cases:
             results[case] = {}
             for mode in MODES:  # side by side: the same cluster, one after the other
-                results[case][mode] = summarize(run_case(kubectl, namespace, case, mode, repetitions))
+                results[case][mode] = summarize(run_case(kubectl, namespace, case, mode, repetitions, keep_alive))
             recreate, in_place = (results[case][mode]["median_seconds"] for mode in MODES)
             results[case]["in_place_over_recreate"] = round(in_place / recreate, 2) if recreate else None
 

@@ -193,3 +193,10 @@ def test_an_old_pod_created_without_the_supervisor_is_replaced_not_moved() -> No
     restart = world.reconcile()
     assert world.status["restartMode"] == "InPlace"
     assert {d.name for d in restart.delete} == set(plain)  # no downward-API volume: they could not follow
+
+
+def test_the_rendezvous_keep_alive_sets_how_soon_a_silent_loss_is_dropped() -> None:
+    default = training(World(job()))
+    assert "keep_alive_interval=5,keep_alive_max_attempt=3," in env(default.workers()[0])["PET_RDZV_CONF"]
+    quick = training(World(job(rendezvous={"keepAliveSeconds": 1})))
+    assert "keep_alive_interval=1,keep_alive_max_attempt=3," in env(quick.workers()[0])["PET_RDZV_CONF"]

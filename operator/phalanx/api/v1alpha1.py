@@ -225,6 +225,13 @@ class Rendezvous(ApiModel):
     """After min workers joined, how long the round waits for more before it starts
     (torchrun refuses 0)."""
 
+    keep_alive_seconds: int = Field(default=5, ge=1, le=60)
+    """How often each agent tells the rendezvous it is alive (torchrun's keep_alive_interval). A
+    worker that left without a word (its pod deleted, its node lost) holds up the survivors' next
+    round until it missed three: 15 s at the default. Lower re-forms the world sooner after a loss;
+    each keep-alive rewrites the rendezvous state in the store, so keep it higher for hundreds of
+    workers."""
+
 
 class Checkpoint(ApiModel):
     """Where workers save and resume checkpoints. The volume is mounted at the same path in every worker."""

@@ -184,6 +184,7 @@ def worker_environment(
         conf = (
             f"join_timeout={rendezvous.join_timeout_seconds},"
             f"last_call_timeout={rendezvous.last_call_timeout_seconds},"
+            f"keep_alive_interval={rendezvous.keep_alive_seconds},keep_alive_max_attempt=3,"
             f"read_timeout={RENDEZVOUS_READ_TIMEOUT_SECONDS},is_host=false"
         )
         values.update(
