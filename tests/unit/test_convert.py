@@ -749,6 +749,9 @@ def test_rendezvous_timeouts_are_clamped_into_phalanxs_bounds() -> None:
     assert "lastCallTimeoutSeconds 3600" in found["spec.elasticPolicy.rdzvConf[1]"].reason
     assert "workerRestarts 100" in found["spec.elasticPolicy.maxRestarts"].reason
     assert validate(conversion.job) == []
+    quick = convert(elastic(rdzvConf=[{"key": "keep_alive_interval", "value": "2"}]))
+    assert quick.job["spec"]["rendezvous"] == {"keepAliveSeconds": 2}
+    assert validate(quick.job) == []
     bad = convert(elastic(rdzvConf=[{"key": "join_timeout", "value": "soon"}]))
     assert "not a number of seconds" in notes(bad)["spec.elasticPolicy.rdzvConf[0]"].reason
 

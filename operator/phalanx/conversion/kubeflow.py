@@ -830,10 +830,13 @@ class _Converter:
             rendezvous["joinTimeoutSeconds"] = join
         if last_call is not None:
             rendezvous["lastCallTimeoutSeconds"] = min(last_call, join if join is not None else 1800)
+        if conf.get("keep_alive_interval") is not None:
+            rendezvous["keepAliveSeconds"] = conf["keep_alive_interval"]
         self.spec["rendezvous"] = rendezvous
 
     def rendezvous_conf(self) -> dict[str, int]:
-        """join_timeout and last_call_timeout, from the command's --rdzv-conf (which wins) or elasticPolicy."""
+        """join_timeout, last_call_timeout and keep_alive_interval, from the command's --rdzv-conf
+        (which wins) or elasticPolicy."""
         entries: list[tuple[str, str, str]] = []  # (key, value, path)
         if "rdzv-conf" in self.option_values and self.command.kind == "torchrun":
             where = f"{self.trainer_path}.command (--rdzv-conf)"
@@ -854,6 +857,7 @@ class _Converter:
         bounds = {
             "join_timeout": (10, 86400, "joinTimeoutSeconds"),
             "last_call_timeout": (1, 3600, "lastCallTimeoutSeconds"),
+            "keep_alive_interval": (1, 60, "keepAliveSeconds"),
         }
         found: dict[str, int] = {}
         for key, value, where in entries:
@@ -862,7 +866,7 @@ class _Converter:
                     where,
                     "not mapped",
                     f"rendezvous setting {key}={value}: phalanx sets PET_RDZV_CONF itself (join_timeout, "
-                    "last_call_timeout, read_timeout, is_host)",
+                    "last_call_timeout, keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host)",
                 )
                 continue
             low, high, target = bounds[key]
