@@ -31,12 +31,17 @@ def uids(kubectl: Kubectl, namespace: str) -> dict[str, str]:
     return {name: pod["metadata"]["uid"] for name, pod in pods_by_name(kubectl, namespace).items()}
 
 
+def training(kubectl: Kubectl, namespace: str) -> dict[str, str]:
+    """The job created and its three workers at step 30 of one world: their UIDs."""
+    kubectl.create(supervised_job(namespace, 300), namespace=namespace)
+    wait_for_step(kubectl, namespace, WORKERS, world=3, step=30)
+    return uids(kubectl, namespace)
+
+
 def test_a_lost_store_restarts_every_worker_in_place_from_the_agreed_checkpoint(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
-    kubectl.create(supervised_job(namespace, 300), namespace=namespace)
-    wait_for_step(kubectl, namespace, WORKERS, world=3, step=30)
-    before = uids(kubectl, namespace)
+    before = training(kubectl, namespace)
     assert status(kubectl, namespace, "inplace")["restartMode"] == "InPlace"
     kubectl.run("delete", "pod", "inplace-rdzv", f"--namespace={namespace}", "--wait=false")
     final = wait_phase(kubectl, namespace, "inplace", "Succeeded", timeout=300)
@@ -57,9 +62,7 @@ def test_a_lost_store_restarts_every_worker_in_place_from_the_agreed_checkpoint(
 def test_too_few_survivors_keep_the_survivor_and_replace_only_the_lost_pods(
     kubectl: Kubectl, namespace: str, operator: OperatorProcess
 ) -> None:
-    kubectl.create(supervised_job(namespace, 300), namespace=namespace)
-    wait_for_step(kubectl, namespace, WORKERS, world=3, step=30)
-    before = uids(kubectl, namespace)
+    before = training(kubectl, namespace)
     kubectl.run("delete", "pod", WORKERS[1], WORKERS[2], f"--namespace={namespace}", "--wait=false")
     final = wait_phase(kubectl, namespace, "inplace", "Succeeded", timeout=300)
     assert final["attempt"] == 1 and final["restartsByReason"] == {"WorkersDeleted": 1}
