@@ -129,3 +129,13 @@ def test_static_example_gives_every_worker_kubeflows_variables() -> None:
             f"static-python-worker-{index}",
             "static-python-workers",
         )
+
+
+def test_in_place_example_runs_the_supervisor_with_the_attempt_read_from_the_pod() -> None:
+    world, pod = first_worker("in-place-restart.yaml")
+    variables = env(pod)
+    assert world.status["restartMode"] == "InPlace"
+    assert "PHALANX_ATTEMPT" not in variables and "PET_RDZV_ID" not in variables
+    assert variables["PHALANX_STOP_GRACE_SECONDS"] == "120"
+    assert "keep_alive_interval=2," in variables["PET_RDZV_CONF"]
+    assert any(volume["name"] == naming.POD_INFO_VOLUME for volume in pod["spec"]["volumes"])

@@ -37,7 +37,10 @@ def without_uids(obj: Any) -> Any:
     """An object with the UIDs the API server assigns (and the digest over them) blanked."""
     text = json.dumps(obj, sort_keys=True).replace(PLACEHOLDER_UID, "UID")
     body = json.loads(text)
-    body["metadata"].get("annotations", {}).pop(naming.SPEC_HASH_ANNOTATION, None)
+    annotations = body["metadata"].get("annotations", {})
+    annotations.pop(naming.SPEC_HASH_ANNOTATION, None)
+    if naming.RENDEZVOUS_ID_ANNOTATION in annotations:  # "<uid prefix>-<attempt>", as PET_RDZV_ID
+        annotations[naming.RENDEZVOUS_ID_ANNOTATION] = annotations[naming.RENDEZVOUS_ID_ANNOTATION].split("-")[-1]
     for reference in body["metadata"].get("ownerReferences", []):
         reference["uid"] = "UID"
     for var in (c for container in body.get("spec", {}).get("containers", []) for c in container.get("env", [])):
