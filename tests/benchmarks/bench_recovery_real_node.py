@@ -48,6 +48,7 @@ from typing import Any
 import yaml
 
 from phalanx.api import crd
+from phalanx.worker.supervise import process_state
 from tests.benchmarks.harness import commit, stop_on_signals
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
@@ -162,11 +163,13 @@ def rank_process(job: str, index: int) -> int:
             continue
         try:
             environ = (entry / "environ").read_bytes().split(b"\0")
-            stat = (entry / "stat").read_text()
         except OSError:
             continue
+        state = process_state(int(entry.name))
+        if state is None:
+            continue
         if f"PHALANX_JOB_NAME={job}".encode() in environ and f"PHALANX_WORKER_INDEX={index}".encode() in environ:
-            mine[int(entry.name)] = int(stat[stat.rfind(")") + 2 :].split()[1])
+            mine[int(entry.name)] = state[1]
     leaves = [pid for pid, parent in mine.items() if parent in mine and pid not in mine.values()]
     if not leaves:
         raise RuntimeError(f"no training process of {job} worker {index} on this host")

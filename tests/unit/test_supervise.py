@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.worker.protocol import ATTEMPT_FILE, RENDEZVOUS_ID_FILE
-from phalanx.worker.supervise import Launch, classify, read_pod_info
+from phalanx.worker.supervise import Launch, classify, descendants, process_state, read_pod_info
 
 SUPERVISE = [sys.executable, "-m", "phalanx.worker.supervise"]
 
@@ -209,8 +209,6 @@ def test_torchrun_restarts_in_place_from_the_agreed_checkpoint_with_workers_fork
 
 def _workers_of(supervisor: int) -> list[int]:
     """The training processes: grandchildren of the supervisor (launcher's children)."""
-    from phalanx.worker.supervise import descendants
-
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         launchers = [pid for pid in descendants(supervisor) if _parent(pid) == supervisor]
@@ -222,8 +220,5 @@ def _workers_of(supervisor: int) -> list[int]:
 
 
 def _parent(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return -1
-    return int(stat[stat.rfind(")") + 2 :].split()[1])
+    state = process_state(pid)
+    return state[1] if state is not None else -1

@@ -40,7 +40,7 @@ from phalanx.reconcile import creation, desired, naming, restarts
 from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
 from phalanx.reconcile.creation import Wanted
 from phalanx.reconcile.decision import Context, Decision, Memory, Step, concluded, finish, wind_down
-from phalanx.reconcile.environment import resolve_launch
+from phalanx.reconcile.environment import Launch, resolve_launch
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.observed import Observed, PodRecord, child_kind
 from phalanx.reconcile.phase import running_phase, scaling
@@ -59,16 +59,16 @@ def decide(job: api.TrainingJob, observed: Observed, now: datetime) -> Decision:
     if job.status.phase in TERMINAL:
         return after_finish(context, memory)
     try:
-        return decide_active(context, memory)
+        launch = resolve_launch(context.spec)
+        decision = decide_active(replace(context, in_place=launch.supervised), memory, launch)
     except PlanningError as error:
         return invalid(context, memory, str(error))
+    return replace(decision, restart_mode=launch.restart_mode)
 
 
-def decide_active(context: Context, memory: Memory) -> Decision:
+def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
     job, spec, observed = context.job, context.spec, context.observed
     memory = memory.avoiding_until(context.now).resumed(observed.progress)
-    launch = resolve_launch(spec)
-    context = replace(context, in_place=launch.supervised)
     # created only in a pass that handles no failure, so the nodes avoided so far are all there are
     store = desired.rendezvous_store_pod(job, launch, avoid=memory.avoided_nodes)
     stamp, actions = node_capacity_stamp(context)

@@ -213,6 +213,9 @@ class Decision:
     stall: Stall | None = None
     delete_job: bool = False
     rescaled: Literal["up", "down"] | None = None
+    restart_mode: Literal["InPlace", "Recreate"] | None = None
+    """How the job's gang restarts (status.restartMode); None: as it was (a finished job, a spec
+    that cannot be planned)."""
 
 
 def concluded(actions: Actions, step: Step) -> Decision:

@@ -13,7 +13,6 @@ previous status. ``docs/architecture.md`` tells the whole flow.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -23,8 +22,6 @@ from phalanx.reconcile import naming
 from phalanx.reconcile.actions import NOTHING, Deletion, Event, Move
 from phalanx.reconcile.decide import decide
 from phalanx.reconcile.decision import Context, Decision, Memory, concluded, finish
-from phalanx.reconcile.environment import resolve_launch
-from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.goodput import time_by_state
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.status import TRAINING, PhaseView, conditions, format_time, parse_time
@@ -120,8 +117,8 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     status["workers"].update(worker_fields)
     if checkpoint is not None:
         status["lastCheckpoint"] = checkpoint
-    with contextlib.suppress(PlanningError):  # a spec that cannot be planned keeps the mode it had
-        status["restartMode"] = resolve_launch(job.spec).restart_mode
+    if decision.restart_mode is not None:
+        status["restartMode"] = decision.restart_mode
     status["startTime"] = memory.start_time
     status["completionTime"] = memory.completion_time
     status["restartNotBefore"] = memory.restart_not_before

@@ -201,20 +201,25 @@ def preload(launch: Launch, modules: Sequence[str]) -> None:
 # -- processes ------------------------------------------------------------------------------------
 
 
+def process_state(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and parent pid from ``/proc/<pid>/stat``; None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1])
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (torchrun starts its workers in sessions of their own, so a
     process group does not hold them all)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        fields = stat[stat.rfind(")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
+        state = process_state(int(entry.name)) if entry.name.isdigit() else None
+        if state is not None:
+            children.setdefault(state[1], []).append(int(entry.name))
     found: list[int] = []
     pending = [pid]
     while pending:
@@ -281,11 +286,8 @@ class Run:
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2 :].split()[0] == "Z"
+    state = process_state(pid)
+    return state is None or state[0] == "Z"
 
 
 def _child(launch: Launch, env: Mapping[str, str]) -> int:
