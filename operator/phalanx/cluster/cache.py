@@ -526,8 +526,22 @@ class NodeCache(ListedSink):
             self._on_capacity()
 
     def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str) -> None:
+        if not version:  # nodes may not be listed any more: unknown, which is not deleted
+            for name in list(self._known):
+                self._forget(name)
+            return
         for name in self._known - {name for _, name in listed}:
             self.observe("DELETED", {"metadata": {"name": name}})
+
+    def _forget(self, name: str) -> None:
+        """Drop what is known of a node without taking it for deleted."""
+        self._known.discard(name)
+        was_unready = self._unready.pop(name, None) is not None
+        self._observe_offer(name, None)
+        if self._allocatable.pop(name, None) is not None:
+            self._allocatable_view = None
+        if was_unready and self._on_change is not None:
+            self._on_change(name)
 
     def unready(self) -> frozenset[str]:
         return frozenset(self._unready)

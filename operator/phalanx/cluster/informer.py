@@ -14,7 +14,10 @@ deletions). kopf offers neither, so the operator lists and watches itself:
   or an expired list continuation leads to a new list;
 - a resource the API server does not serve (404: a gang scheduler's CRD is not installed), or an
   optional one the operator may not list (403), marks the informer ``absent`` and synced, and is
-  looked for again every ``ABSENT_RECHECK_SECONDS``;
+  looked for again every ``ABSENT_RECHECK_SECONDS``; once a resource has been listed, the same
+  answer must last ``ABSENT_CONFIRM_SECONDS`` first: a restarted API server answers 403 and 404
+  for a few seconds while its RBAC and CRD handlers sync, and taking that for "nothing exists"
+  would, for nodes, make every node look deleted;
 - errors back off (0.5 s up to 15 s) and are logged in one line, never as tracebacks.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 ERROR_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
 ABSENT_RECHECK_SECONDS = float(os.environ.get("PHALANX_ABSENT_API_RECHECK_SECONDS", "60"))
+ABSENT_CONFIRM_SECONDS = 30.0
 LIST_PAGE = "500"
 
 
@@ -110,6 +115,7 @@ class Informer:
         self.relists = 0
         self.resource_version: str | None = None
         self._errors = 0
+        self._refused_since: float | None = None  # monotonic time of the first 403/404 in a row
 
     def __str__(self) -> str:
         scope = f" in {self.namespace}" if self.namespace else ""
@@ -151,6 +157,7 @@ class Informer:
         if self.lists:
             self.relists += 1
         self.lists += 1
+        self._refused_since = None
         self.absent = False
         self.synced.set()
         self._changed()
@@ -202,7 +209,7 @@ class Informer:
                 try:
                     await self.list_once()
                 except ApiError as error:
-                    if error.status == 404 or (error.status == 403 and self.optional):
+                    if self._absent(error):
                         await self._mark_absent(error)
                         continue
                     await self._pause_after_error("list", error)
@@ -231,6 +238,20 @@ class Informer:
         self.resource_version = None
         self.synced.clear()
         self._changed()
+
+    def _absent(self, error: ApiError) -> bool:
+        """Whether a list's error means the resource is not there for this operator: 404, or 403
+        for an optional resource; at once if it was never listed, else only after the same answer
+        lasted ``ABSENT_CONFIRM_SECONDS`` (see the module's notes)."""
+        if not (error.status == 404 or (error.status == 403 and self.optional)):
+            self._refused_since = None
+            return False
+        if not self.lists:
+            return True
+        now = time.monotonic()
+        if self._refused_since is None:
+            self._refused_since = now
+        return now - self._refused_since >= ABSENT_CONFIRM_SECONDS
 
     async def _mark_absent(self, error: ApiError) -> None:
         """An optional resource we cannot list counts as synced and empty; look again later."""
