@@ -40,6 +40,12 @@ JOBS = Gauge("phalanx_jobs", "TrainingJobs by phase.", ["phase"])
 JOB_PHASE = Gauge("phalanx_job_phase", "1 for the job's current phase, 0 for the others.", [*JOB, "phase"])
 WORKERS_DESIRED = Gauge("phalanx_job_workers_desired", "Workers the job aims for.", JOB)
 WORKERS_READY = Gauge("phalanx_job_workers_ready", "Ready workers of the current attempt.", JOB)
+SPARES_READY = Gauge(
+    "phalanx_job_spares_ready", "Warm spare pods running, ready to take a lost worker's slot (workers.spares).", JOB
+)
+GPUS_HELD_BY_SPARES = Gauge(
+    "phalanx_job_gpus_held_by_spares", "GPUs held by the job's spare pods bound to nodes: what spares cost.", JOB
+)
 WORLD_SIZE = Gauge(
     "phalanx_job_world_size", "Workers in the training world (ready workers while training, else 0).", JOB
 )
@@ -139,6 +145,8 @@ REGISTRY.register(JOB_TIME)
 _PER_JOB = (
     WORKERS_DESIRED,
     WORKERS_READY,
+    SPARES_READY,
+    GPUS_HELD_BY_SPARES,
     WORLD_SIZE,
     GPUS_REQUESTED,
     GPUS_BOUND,
@@ -188,6 +196,7 @@ class JobSample:
     rescaled: str | None
     now: datetime
     max_restarts: int | None = None  # failurePolicy.maxRestarts; the limit gauge is exported when given
+    bound_spares: int = 0
 
 
 def goodput(status: Mapping[str, Any], created: str | None, now: datetime) -> float:
@@ -220,6 +229,8 @@ def observe_job(key: tuple[str, str], sample: JobSample) -> None:
     WORLD_SIZE.labels(namespace, name).set(ready if phase in TRAINING else 0)
     GPUS_REQUESTED.labels(namespace, name).set(workers.get("desired", 0) * sample.gpus_per_worker)
     GPUS_BOUND.labels(namespace, name).set(sample.bound_workers * sample.gpus_per_worker)
+    SPARES_READY.labels(namespace, name).set(workers.get("spares") or 0)
+    GPUS_HELD_BY_SPARES.labels(namespace, name).set(sample.bound_spares * sample.gpus_per_worker)
     RESTART_BUDGET_USED.labels(namespace, name).set(status.get("restarts", 0))
     if sample.max_restarts is not None:
         RESTART_BUDGET_LIMIT.labels(namespace, name).set(sample.max_restarts)

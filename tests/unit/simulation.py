@@ -149,6 +149,11 @@ class World:
             labels, annotations = pod["metadata"]["labels"], pod["metadata"].setdefault("annotations", {})
             if labels.get(naming.ATTEMPT_LABEL) != str(move.from_attempt):
                 continue
+            if move.index is not None:  # a promotion: only while the pod is a spare
+                if labels.get(naming.ROLE_LABEL) != naming.ROLE_SPARE:
+                    continue
+                labels[naming.ROLE_LABEL] = naming.ROLE_WORKER
+                labels[naming.WORKER_INDEX_LABEL] = str(move.index)
             labels[naming.ATTEMPT_LABEL] = str(move.to_attempt)
             annotations[naming.RENDEZVOUS_ID_ANNOTATION] = move.rendezvous_id
         for deletion in result.delete:
@@ -203,6 +208,10 @@ class World:
         pods = [p for p in self.pods.values() if p["metadata"]["labels"][naming.ROLE_LABEL] == naming.ROLE_WORKER]
         if attempt is not None:
             pods = [p for p in pods if p["metadata"]["labels"][naming.ATTEMPT_LABEL] == str(attempt)]
+        return sorted(pods, key=lambda p: p["metadata"]["name"])
+
+    def spares(self) -> list[dict[str, Any]]:
+        pods = [p for p in self.pods.values() if p["metadata"]["labels"][naming.ROLE_LABEL] == naming.ROLE_SPARE]
         return sorted(pods, key=lambda p: p["metadata"]["name"])
 
     def run(self, name: str | None = None, node: str = "node-a") -> None:

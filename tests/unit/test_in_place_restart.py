@@ -67,7 +67,10 @@ def test_a_supervised_pod_reads_its_attempt_from_a_downward_api_volume() -> None
     assert paths == {
         "attempt": "metadata.labels['phalanx.dev/attempt']",
         "rendezvous-id": "metadata.annotations['phalanx.dev/rendezvous-id']",
+        "role": "metadata.labels['phalanx.dev/role']",
+        "worker-index": "metadata.labels['phalanx.dev/worker-index']",
     }
+    assert "PHALANX_WORKER_INDEX" not in variables  # a spare promoted into a slot learns it from the file
     mounts = pod["spec"]["containers"][0]["volumeMounts"]
     assert {"name": naming.POD_INFO_VOLUME, "mountPath": naming.POD_INFO_DIR, "readOnly": True} in mounts
     assert world.status["restartMode"] == "InPlace"

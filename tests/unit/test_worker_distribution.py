@@ -75,10 +75,17 @@ def test_completion_key_is_one_wire_contract_on_both_sides() -> None:
 
 
 def test_the_supervisor_reads_the_files_and_directory_the_operator_mounts() -> None:
-    from phalanx.reconcile import desired, environment
+    from phalanx.reconcile import desired, environment, naming
 
-    items = {item["path"] for item in desired.pod_info_volume()["downwardAPI"]["items"]}
-    assert items == {protocol.ATTEMPT_FILE, protocol.RENDEZVOUS_ID_FILE}
+    items = {item["path"]: item["fieldRef"]["fieldPath"] for item in desired.pod_info_volume()["downwardAPI"]["items"]}
+    assert set(items) == {
+        protocol.ATTEMPT_FILE,
+        protocol.RENDEZVOUS_ID_FILE,
+        protocol.ROLE_FILE,
+        protocol.WORKER_INDEX_FILE,
+    }
+    assert items[protocol.ROLE_FILE] == f"metadata.labels['{naming.ROLE_LABEL}']"
+    assert protocol.SPARE_ROLE == naming.ROLE_SPARE
     assert protocol.POD_INFO_DIR_ENV == "PHALANX_POD_INFO_DIR"
     assert environment.SUPERVISOR_MODULE == "phalanx.worker.supervise"
     scripts = pyproject(ROOT / "worker" / "pyproject.toml")["scripts"]

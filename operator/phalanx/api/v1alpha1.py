@@ -28,6 +28,7 @@ MAX_JOB_NAME_LENGTH = 50
 """Leaves room for the ``-rdzv`` and ``-worker-NNNN`` suffixes within a 63-character DNS label."""
 
 MAX_WORKERS = 4096
+MAX_SPARES = 64
 
 Backend = Literal["auto", "nccl", "gloo"]
 NetworkProfile = Literal["auto", "tcp", "infiniband", "efa"]
@@ -116,6 +117,14 @@ class Workers(ApiModel):
     desired: int = Field(ge=1, le=MAX_WORKERS)
     """Workers the operator tries to run, within [min, max]. This is the scale subresource:
     `kubectl scale tj/NAME --replicas=N` and a HorizontalPodAutoscaler change it."""
+
+    spares: int = Field(default=0, ge=0, le=MAX_SPARES)
+    """Warm spare worker pods run beyond desired: scheduled, started and, with phalanx-supervise,
+    Python and torch imported, but not in the world. A lost worker's slot is taken by a ready
+    spare at once (the operator relabels the pod; its supervisor starts the command) and a new
+    spare is created behind it. Each spare holds a worker's resources (its GPUs included) while it
+    waits. Needs the trainer command to run phalanx-supervise and the torchrun launcher; not with
+    gang.scheduler kueue. Spares belong to the PodGroup but not to its minMember."""
 
 
 class Gpus(ApiModel):
@@ -555,6 +564,9 @@ class WorkerCounts(ApiModel):
 
     ready: int = 0
     """Active worker pods that are ready."""
+
+    spares: int | None = None
+    """Spare pods ready to take a lost worker's slot (spec.workers.spares); absent without spares."""
 
     world_size: int | None = None
     """Ranks (processes) in the world the workers train in now, as a worker reports it on its

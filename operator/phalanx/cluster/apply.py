@@ -360,6 +360,7 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
             from_attempt=pod.from_attempt,
             to_attempt=pod.to_attempt,
             rendezvous_id=pod.rendezvous_id,
+            index=pod.index,
         )
         if response is not None:
             run.children.observe("MODIFIED", response)

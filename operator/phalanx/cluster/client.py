@@ -543,16 +543,35 @@ class ApiClient:
         )
 
     async def move_pod(
-        self, namespace: str, name: str, *, uid: str, from_attempt: int, to_attempt: int, rendezvous_id: str
+        self,
+        namespace: str,
+        name: str,
+        *,
+        uid: str,
+        from_attempt: int,
+        to_attempt: int,
+        rendezvous_id: str,
+        index: int | None = None,
     ) -> dict[str, Any] | None:
-        """Move a worker pod kept through an in-place gang restart to ``to_attempt``: a JSON patch
-        whose tests make it apply only to that pod (UID) at ``from_attempt``, so repeating it, or
+        """Move a worker pod kept through an in-place gang restart to ``to_attempt``, or (``index``)
+        promote a spare into that slot: a JSON patch whose tests make it apply only to that pod
+        (UID) at ``from_attempt`` (and, promoting, while it is a spare), so repeating it, or
         sending it after the pod changed, changes nothing. None when it no longer applies."""
         label = "/metadata/labels/" + naming.ATTEMPT_LABEL.replace("/", "~1")
         annotation = "/metadata/annotations/" + naming.RENDEZVOUS_ID_ANNOTATION.replace("/", "~1")
         body = [
             {"op": "test", "path": "/metadata/uid", "value": uid},
             {"op": "test", "path": label, "value": str(from_attempt)},
+        ]
+        if index is not None:
+            role = "/metadata/labels/" + naming.ROLE_LABEL.replace("/", "~1")
+            slot = "/metadata/labels/" + naming.WORKER_INDEX_LABEL.replace("/", "~1")
+            body += [
+                {"op": "test", "path": role, "value": naming.ROLE_SPARE},
+                {"op": "replace", "path": role, "value": naming.ROLE_WORKER},
+                {"op": "add", "path": slot, "value": str(index)},
+            ]
+        body += [
             {"op": "replace", "path": label, "value": str(to_attempt)},
             {"op": "add", "path": annotation, "value": rendezvous_id},
         ]

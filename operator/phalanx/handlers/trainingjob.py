@@ -84,6 +84,7 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
                 gpus_per_worker=job.spec.gpus.count,
                 max_restarts=job.spec.failure_policy.max_restarts,
                 bound_workers=bound,
+                bound_spares=sum(1 for pod in observed.spares() if pod.active and pod.scheduled),
                 rescaled=plan.rescaled,
                 now=now,
             ),

@@ -22,13 +22,16 @@ class Deletion:
 class Move:
     """A worker pod kept through an in-place gang restart, moved to the new attempt: its attempt
     label and rendezvous id change (only while it is still the pod, at the attempt, planned from),
-    and its supervisor restarts the training processes."""
+    and its supervisor restarts the training processes. With ``index``, a warm spare promoted into
+    that slot (only while it is still a spare): its role and slot change too, and its supervisor
+    starts the command."""
 
     name: str
     uid: str
     from_attempt: int
     to_attempt: int
     rendezvous_id: str
+    index: int | None = None
 
 
 @dataclass(frozen=True)

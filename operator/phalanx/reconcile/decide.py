@@ -14,14 +14,16 @@ them in one function whose order is the order of precedence:
 5. completion, then the active deadline;
 6. failures (``handle_failures``): fatal ones fail the job, others replace the workers or restart
    the gang (``gang_restart``); else a hang (``no_progress``) restarts the gang;
-7. what the job should have (PodGroup, NetworkPolicy, Services, store, worker slots) and what holds
-   workers back (an old store, backoff, old workers, a missing PodGroup, a Kueue group to resize);
+7. what the job should have (PodGroup, NetworkPolicy, Services, store, worker slots, spares) and
+   what holds workers back (an old store, backoff, old workers, a missing PodGroup, a Kueue group
+   to resize); an empty slot is filled by promoting a ready spare (``spares``) even while old
+   workers stop, since a spare has a name of its own;
 8. the phase from the workers' progress and from what could not be created (``running_phase``).
 
 The decisions live in ``restarts`` (failures, gang restarts, hangs), ``phase`` (scaling and the
-phase) and here (the rest); the values they pass in ``decision``. Nothing mutates shared state: a
-decision that is discarded (a ``PlanningError`` part way) costs nothing to undo. ``plan`` renders
-the result into the Plan and the next status.
+phase), ``spares`` (promotions and the spares' upkeep) and here (the rest); the values they pass
+in ``decision``. Nothing mutates shared state: a decision that is discarded (a ``PlanningError``
+part way) costs nothing to undo. ``plan`` renders the result into the Plan and the next status.
 
 Nodes: a pod is taken for lost with its node only when the node was deleted or has not been Ready
 for the operator's grace (``NodeLoss``); a pod the taint manager evicts says so itself. A pod whose
@@ -36,7 +38,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import creation, desired, naming, restarts
+from phalanx.reconcile import creation, desired, naming, restarts, spares
 from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
 from phalanx.reconcile.creation import Wanted
 from phalanx.reconcile.decision import Context, Decision, Memory, Step, concluded, finish, wind_down
@@ -60,6 +62,8 @@ def decide(job: api.TrainingJob, observed: Observed, now: datetime) -> Decision:
         return after_finish(context, memory)
     try:
         launch = resolve_launch(context.spec)
+        if context.spec.workers.spares and (refusal := desired.spares_refusal(context.spec, launch)):
+            raise PlanningError("spec.workers.spares", refusal)
         decision = decide_active(replace(context, in_place=launch.supervised), memory, launch)
     except PlanningError as error:
         return invalid(context, memory, str(error))
@@ -164,7 +168,9 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
             PhaseView("Restarting", "GangRestart", message), more=restarts.moving(context, moving, memory.attempt)
         )
     if stale:
-        return held(PhaseView("Restarting", "GangRestart", old_workers_message(context, stale)))
+        # a spare takes its slot now: its name is its own, so it need not wait for the old pod to go
+        filled = spares.promotions(context, memory, current)
+        return held(PhaseView("Restarting", "GangRestart", old_workers_message(context, stale)), more=filled.actions)
     if group is not None and not observed.has(
         child_kind(group["apiVersion"], group["kind"]), group["metadata"]["name"]
     ):
@@ -179,9 +185,16 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
 
     rescaled: Literal["up", "down"] | None = None
     if store_pod is not None:
-        slots, surplus, rescaled = scaling(context, memory, launch, current)
-        wanted.extend(Wanted(worker, create_only=True) for worker in slots)
-        actions += surplus
+        scaled = scaling(context, memory, launch, current)
+        wanted.extend(Wanted(worker, create_only=True) for worker in scaled.slots)
+        actions += scaled.actions
+        rescaled = scaled.rescaled
+        kept_spares = spares.upkeep(
+            context, memory, launch, current, promoted=scaled.promoted, creating_workers=bool(scaled.slots)
+        )
+        memory = kept_spares.memory
+        wanted.extend(Wanted(spare, create_only=True) for spare in kept_spares.create)
+        actions += kept_spares.actions
     writes = creation.writes(wanted, observed, job.metadata.uid, context.now)
     step = running_phase(context, memory, launch, current, store_pod, writes.blocked)
     assert step.view is not None

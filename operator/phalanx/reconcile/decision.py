@@ -132,7 +132,8 @@ class Context:
         return self.job.spec
 
     def keeps(self, pod: PodRecord, memory: Memory) -> bool:
-        """Whether a gang restart keeps this worker pod and restarts its processes in place: the
+        """Whether a gang restart keeps this worker pod and restarts its processes in place (and
+        whether a spare may be promoted into a slot): the
         job and the pod run the supervisor, the pod runs (its trainer container has not exited, it
         is not being deleted or evicted, no failure of it was counted) on a node that is Ready and
         that the job does not avoid."""
@@ -241,5 +242,5 @@ def wind_down(context: Context, completed: datetime) -> Actions:
     torchrun's shutdown): give them a grace period before stopping what still runs."""
     remaining = (completed + timedelta(seconds=SUCCESS_GRACE_SECONDS) - context.now).total_seconds()
     if remaining > 0 and any(pod.active for pod in context.observed.workers()):
-        return requeue(remaining)
+        return requeue(remaining) + context.removing(pod for pod in context.observed.spares() if pod.active)
     return context.removing_active()

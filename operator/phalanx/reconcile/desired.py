@@ -187,10 +187,15 @@ def _template_spec(job: api.TrainingJob) -> dict[str, Any]:
 
 
 def pod_info_volume() -> dict[str, Any]:
-    """What phalanx-supervise reads: the pod's attempt and rendezvous id, which the kubelet
-    rewrites when the operator changes them on a pod it keeps through a gang restart."""
-    fields = {"attempt": f"metadata.labels['{naming.ATTEMPT_LABEL}']"}
-    fields["rendezvous-id"] = f"metadata.annotations['{naming.RENDEZVOUS_ID_ANNOTATION}']"
+    """What phalanx-supervise reads: the pod's attempt, rendezvous id, role and slot, which the
+    kubelet rewrites when the operator changes them (a pod kept through a gang restart, a spare
+    promoted into a slot). File names: ``phalanx.worker.protocol``."""
+    fields = {
+        "attempt": f"metadata.labels['{naming.ATTEMPT_LABEL}']",
+        "rendezvous-id": f"metadata.annotations['{naming.RENDEZVOUS_ID_ANNOTATION}']",
+        "role": f"metadata.labels['{naming.ROLE_LABEL}']",
+        "worker-index": f"metadata.labels['{naming.WORKER_INDEX_LABEL}']",
+    }
     return {
         "name": naming.POD_INFO_VOLUME,
         "downwardAPI": {"items": [{"path": path, "fieldRef": {"fieldPath": ref}} for path, ref in fields.items()]},
@@ -335,9 +340,11 @@ def worker_pod(
     attempt: int,
     kueue_total: int | None = None,
     avoid: Sequence[str] = (),
+    spare: int | None = None,
 ) -> Object:
     """One worker pod: the user's template plus everything elastic training needs; ``avoid``:
-    nodes the job keeps off (failurePolicy.avoidNodeSeconds)."""
+    nodes the job keeps off (failurePolicy.avoidNodeSeconds). ``spare``: instead, the warm spare
+    of that serial (``spare_pod``)."""
     spec = job.spec
     template = _template_spec(job)
     template_metadata = spec.template.metadata
@@ -378,17 +385,18 @@ def worker_pod(
     template["restartPolicy"] = "Never"
     template.setdefault("enableServiceLinks", False)
     keep_off(template, avoid)
+    name = naming.worker_pod_name(job.metadata.name, index)
+    if spare is not None:
+        name = naming.spare_pod_name(job.metadata.name, spare)
     if launch.launcher == "static":  # <pod>.<job>-workers.<namespace>.svc resolves to the pod
         template["hostname"] = naming.worker_pod_name(job.metadata.name, index)
         template["subdomain"] = naming.workers_service_name(job.metadata.name)
     labels = dict((template_metadata.labels if template_metadata else None) or {})
-    labels.update(
-        {
-            naming.ROLE_LABEL: naming.ROLE_WORKER,
-            naming.WORKER_INDEX_LABEL: str(index),
-            naming.ATTEMPT_LABEL: str(attempt),
-        }
-    )
+    labels.update({naming.ROLE_LABEL: naming.ROLE_WORKER, naming.ATTEMPT_LABEL: str(attempt)})
+    if spare is None:
+        labels[naming.WORKER_INDEX_LABEL] = str(index)
+    else:  # no slot until promoted
+        labels[naming.ROLE_LABEL] = naming.ROLE_SPARE
     annotations = dict((template_metadata.annotations if template_metadata else None) or {})
     annotations[naming.CONTAINER_ANNOTATION] = containers[launch.trainer_index]["name"]
     if launch.supervised:
@@ -412,10 +420,35 @@ def worker_pod(
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": _metadata(job, naming.worker_pod_name(job.metadata.name, index), labels, annotations),
+            "metadata": _metadata(job, name, labels, annotations),
             "spec": template,
         }
     )
+
+
+def spare_pod(job: api.TrainingJob, launch: Launch, *, serial: int, attempt: int, avoid: Sequence[str] = ()) -> Object:
+    """A warm spare: a worker pod without a slot (``phalanx.dev/role: spare``, no worker index),
+    whose supervisor imports what the command needs and waits to be promoted."""
+    if not launch.supervised or launch.launcher != "torchrun":
+        raise PlanningError("spec.workers.spares", spares_refusal(job.spec, launch))
+    return worker_pod(job, launch, index=0, attempt=attempt, avoid=avoid, spare=serial)
+
+
+def spares_refusal(spec: api.TrainingJobSpec, launch: Launch) -> str:
+    """Why this spec cannot have spares (empty when it can)."""
+    if spec.gang.scheduler == "kueue":
+        return (
+            "spares are not available with gang.scheduler kueue: Kueue admits each gang attempt as a "
+            "pod group of fixed size, which a spare promoted into a slot cannot join"
+        )
+    if launch.launcher != "torchrun":
+        return f"spares need launcher torchrun (a {launch.launcher} world has fixed ranks that a spare cannot take)"
+    if not launch.supervised:
+        return (
+            "spares need the trainer container's command to run phalanx-supervise "
+            '(command: ["phalanx-supervise", "--", "torchrun", ...]), which waits in the spare until it is promoted'
+        )
+    return ""
 
 
 def _pod_requests(pod_spec: dict[str, Any]) -> dict[str, Decimal]:

@@ -224,15 +224,16 @@ def worker_environment(
             "PHALANX_JOB_NAME": job_name,
             "PHALANX_NAMESPACE": namespace,
             **({} if launch.supervised else {"PHALANX_ATTEMPT": str(attempt)}),
-            "PHALANX_WORKER_INDEX": str(index),
+            # a supervised pod's slot can change (a spare promoted into it): read from a file too
+            **({} if launch.supervised else {"PHALANX_WORKER_INDEX": str(index)}),
             "PHALANX_BACKEND": launch.backend,
             "PHALANX_STORE_ENDPOINT": naming.rendezvous_endpoint(job_name, namespace, rendezvous.port),
             "PHALANX_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
         }
     )
     if launch.supervised:
-        # the attempt and its rendezvous id change in a running pod: the supervisor reads them
-        # from files and gives them to each run (PHALANX_ATTEMPT, PET_RDZV_ID)
+        # the attempt, its rendezvous id and the slot change in a running pod: the supervisor reads
+        # them from files and gives them to each run (PHALANX_ATTEMPT, PET_RDZV_ID, PHALANX_WORKER_INDEX)
         values["PHALANX_POD_INFO_DIR"] = naming.POD_INFO_DIR
         grace = (spec.template.spec.model_extra or {}).get("terminationGracePeriodSeconds")
         values["PHALANX_STOP_GRACE_SECONDS"] = str(grace if isinstance(grace, int) else STOP_GRACE_SECONDS)

@@ -34,6 +34,7 @@ POD_INFO_DIR = "/etc/phalanx/pod"
 
 ROLE_WORKER = "worker"
 ROLE_RENDEZVOUS = "rendezvous"
+ROLE_SPARE = "spare"  # a warm spare worker pod, promoted to ROLE_WORKER by a relabel
 
 # Gang scheduling integration keys (scheduler-plugins, Volcano, Kueue).
 COSCHEDULING_POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
@@ -60,6 +61,11 @@ DEFAULT_SCHEDULER_NAMES: Mapping[str, str] = {
 def worker_pod_name(job_name: str, index: int) -> str:
     """Worker pods are named by slot; a slot is reused only after its old pod is gone."""
     return f"{job_name}-worker-{index}"
+
+
+def spare_pod_name(job_name: str, serial: int) -> str:
+    """Spare pods are numbered apart from slots: a promoted spare keeps its name in its slot."""
+    return f"{job_name}-spare-{serial}"
 
 
 def rendezvous_name(job_name: str) -> str:

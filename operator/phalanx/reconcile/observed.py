@@ -229,6 +229,10 @@ class Observed:
         """Worker pods, any attempt."""
         return [pod for pod in self.pods if pod.role == naming.ROLE_WORKER]
 
+    def spares(self) -> list[PodRecord]:
+        """Warm spare pods (``workers.spares``), not yet promoted into a slot."""
+        return [pod for pod in self.pods if pod.role == naming.ROLE_SPARE]
+
     def store(self) -> PodRecord | None:
         """The rendezvous store pod, if it exists."""
         return next((pod for pod in self.pods if pod.role == naming.ROLE_RENDEZVOUS), None)

@@ -5,11 +5,11 @@ not be created or what the job waits for can never come."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any, Literal
 
-from phalanx.reconcile import capacity, desired, naming
+from phalanx.reconcile import capacity, desired, naming, spares
 from phalanx.reconcile.actions import Actions, event
 from phalanx.reconcile.decision import Context, Memory, Stall, Step
 from phalanx.reconcile.environment import Launch
@@ -19,11 +19,22 @@ from phalanx.reconcile.status import TRAINING, PhaseView, format_time
 Object = dict[str, Any]
 
 
-def scaling(
-    context: Context, memory: Memory, launch: Launch, current: list[PodRecord]
-) -> tuple[list[Object], Actions, Literal["up", "down"] | None]:
-    """The worker pods to create (empty slots below desired, lowest index first), the surplus to
-    remove (highest index first), and whether desired changed since the last pass."""
+@dataclass(frozen=True)
+class Scaling:
+    """What the worker slots need: pods to create, spares promoted, the surplus removed."""
+
+    slots: list[Object]
+    """New worker pods for empty slots no spare fills, lowest index first."""
+    actions: Actions
+    """Spares promoted, the surplus removed (highest index first), a Rescaling Event."""
+    promoted: frozenset[str]
+    rescaled: Literal["up", "down"] | None
+
+
+def scaling(context: Context, memory: Memory, launch: Launch, current: list[PodRecord]) -> Scaling:
+    """Fill the empty slots below desired (with ready spares first, ``spares.promotions``), remove
+    the surplus, and say whether desired changed since the last pass. A new pod of a slot waits
+    until the slot's old pod (of any attempt) is gone, since it takes its name."""
     job, spec = context.job, context.spec
     wanted = spec.workers.desired
     kueue_total: int | None = None
@@ -31,24 +42,25 @@ def scaling(
         totals = {pod.group_total for pod in current if pod.group_total is not None}
         kueue_total = totals.pop() if len(totals) == 1 else wanted
     taken = {pod.name for pod in context.observed.workers()}
+    filled = spares.promotions(context, memory, current)
     slots = [
         desired.worker_pod(
             job, launch, index=index, attempt=memory.attempt, kueue_total=kueue_total, avoid=memory.avoided_nodes
         )
-        for index in range(wanted)
+        for index in filled.unfilled
         if naming.worker_pod_name(job.metadata.name, index) not in taken
     ]
     surplus = sorted(
         (pod for pod in current if pod.active and pod.index is not None and pod.index >= wanted),
         key=lambda pod: -(pod.index or 0),
     )
-    actions = context.removing(surplus)
+    actions = filled.actions + context.removing(surplus)
     before = job.status.workers.desired if job.status.workers else None
     rescaled: Literal["up", "down"] | None = None
     if before and before != wanted:
         rescaled = "up" if wanted > before else "down"
         actions += event("Normal", "Rescaling", f"desired workers changed from {before} to {wanted}")
-    return slots, actions, rescaled
+    return Scaling(slots, actions, filled.promoted, rescaled)
 
 
 def running_phase(

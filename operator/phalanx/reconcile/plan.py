@@ -60,6 +60,10 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     still_active = [pod for pod in attempt_workers if pod.active and pod.name not in deleted]
     ready = sum(1 for pod in still_active if pod.ready)
     wanted = job.spec.workers.desired
+    leaving = deleted | {move.name for move in decision.actions.move if move.index is not None}  # promoted
+    spares_ready = sum(
+        1 for pod in observed.spares() if pod.active and pod.phase == "Running" and pod.name not in leaving
+    )
     stalled_before = next((c for c in previous.conditions or [] if c.type == "Stalled"), None)
     if stall is not None and (
         stalled_before is None or stalled_before.status != "True" or stalled_before.reason != stall[0]
@@ -96,7 +100,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         },
         "replicas": len(still_active),
         "selector": naming.worker_selector(job.metadata.name),
-        "workerSummary": f"{ready}/{wanted}",
+        "workerSummary": f"{ready}/{wanted}" + (f" +{spares_ready} spare" if job.spec.workers.spares else ""),
         "conditions": conditions(
             previous.conditions, view, generation=job.metadata.generation, now=now, stalled_override=stall
         ),
@@ -115,6 +119,8 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         status["timeByState"] = spent
     worker_fields, checkpoint = progress_status(previous, observed, memory, view)
     status["workers"].update(worker_fields)
+    if job.spec.workers.spares:
+        status["workers"]["spares"] = spares_ready
     if checkpoint is not None:
         status["lastCheckpoint"] = checkpoint
     if decision.restart_mode is not None:

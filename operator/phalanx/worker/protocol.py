@@ -11,3 +11,10 @@ ATTEMPT_FILE = "attempt"
 """In that directory: the pod's gang attempt (its ``phalanx.dev/attempt`` label)."""
 RENDEZVOUS_ID_FILE = "rendezvous-id"
 """In that directory: the attempt's rendezvous id (the ``phalanx.dev/rendezvous-id`` annotation)."""
+ROLE_FILE = "role"
+"""In that directory: the pod's role (its ``phalanx.dev/role`` label): ``spare`` while a warm spare
+waits, ``worker`` once the operator has promoted it into a slot."""
+SPARE_ROLE = "spare"
+WORKER_INDEX_FILE = "worker-index"
+"""In that directory: the pod's worker slot (its ``phalanx.dev/worker-index`` label; empty on a
+spare), given to each run as ``PHALANX_WORKER_INDEX``."""

@@ -17,6 +17,10 @@ script or ``-m`` module), and ``python script.py`` / ``python -m module`` runs i
 too. A restarted run therefore pays for neither an interpreter's start nor torch's import. Any
 other command is started as a new program.
 
+A warm spare (``workers.spares``; the ``role`` file says ``spare``) does its imports and runs
+nothing until the operator promotes it into a slot by relabelling the pod; the same files then
+give it its slot (``PHALANX_WORKER_INDEX``), attempt and rendezvous id.
+
 When the command ends on its own the supervisor ends with its exit code, so the pod fails or
 succeeds as without it, except that a run that failed first waits up to
 ``PHALANX_RESTART_WAIT_SECONDS`` for a new attempt: a failure the whole gang shares (its
@@ -44,7 +48,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phalanx.worker.protocol import ATTEMPT_FILE, POD_INFO_DIR_ENV, RENDEZVOUS_ID_FILE
+from phalanx.worker.protocol import (
+    ATTEMPT_FILE,
+    POD_INFO_DIR_ENV,
+    RENDEZVOUS_ID_FILE,
+    ROLE_FILE,
+    SPARE_ROLE,
+    WORKER_INDEX_FILE,
+)
 
 STOP_GRACE_ENV = "PHALANX_STOP_GRACE_SECONDS"
 RESTART_WAIT_ENV = "PHALANX_RESTART_WAIT_SECONDS"
@@ -62,22 +73,35 @@ class PodInfo:
 
     attempt: str
     rendezvous_id: str | None
+    role: str | None = None
+    worker_index: str | None = None
+
+    @property
+    def spare(self) -> bool:
+        """A warm spare: nothing runs until the operator promotes the pod into a slot."""
+        return self.role == SPARE_ROLE
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def read_pod_info(directory: Path) -> PodInfo | None:
-    """The attempt and rendezvous id in ``directory``; None while the kubelet has not written them
-    (or when the job does not run the supervisor under phalanx)."""
-    try:
-        attempt = (directory / ATTEMPT_FILE).read_text().strip()
-    except OSError:
+    """What ``directory`` says; None while the kubelet has not written it (or when the job does not
+    run the supervisor under phalanx). The kubelet swaps all the files at once, so one read sees
+    one update."""
+    attempt = _read(directory / ATTEMPT_FILE)
+    if attempt is None:
         return None
-    if not attempt:
-        return None
-    try:
-        rendezvous_id = (directory / RENDEZVOUS_ID_FILE).read_text().strip() or None
-    except OSError:
-        rendezvous_id = None
-    return PodInfo(attempt, rendezvous_id)
+    return PodInfo(
+        attempt,
+        _read(directory / RENDEZVOUS_ID_FILE),
+        role=_read(directory / ROLE_FILE),
+        worker_index=_read(directory / WORKER_INDEX_FILE),
+    )
 
 
 def run_environment(base: Mapping[str, str], info: PodInfo | None) -> dict[str, str]:
@@ -87,6 +111,8 @@ def run_environment(base: Mapping[str, str], info: PodInfo | None) -> dict[str, 
         env["PHALANX_ATTEMPT"] = info.attempt
         if info.rendezvous_id:
             env["PET_RDZV_ID"] = info.rendezvous_id
+        if info.worker_index is not None:
+            env["PHALANX_WORKER_INDEX"] = info.worker_index
     return env
 
 
@@ -348,6 +374,10 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, self._on_sigterm)
         info = self.info()
+        if info is not None and info.spare:
+            info = self._wait_for_promotion()
+            if info is None:
+                return 0
         while True:
             attempt = info.attempt if info else "-"
             self.say(f"attempt {attempt}: starting {self.launch.kind} {' '.join(self.launch.argv)}")
@@ -376,6 +406,20 @@ class Supervisor:
                     return code, None
                 return code, self._wait_for_attempt(info, code)
             time.sleep(POLL_SECONDS)
+
+    def _wait_for_promotion(self) -> PodInfo | None:
+        """A spare waits, its imports done, until the operator promotes it into a slot (the info
+        of its first attempt), or until it is stopped (None)."""
+        self.say("a warm spare: waiting to be promoted into a worker slot")
+        while not self.terminating:
+            info = self.info()
+            if info is not None and not info.spare:
+                self.say(f"promoted into slot {info.worker_index} as attempt {info.attempt}")
+                return info
+            reap_orphans(keep=None)
+            time.sleep(POLL_SECONDS)
+        self.say("SIGTERM while a spare: ending")
+        return None
 
     def _wait_for_attempt(self, info: PodInfo, code: int) -> PodInfo | None:
         """After a failed run: a new attempt within the wait restarts in place; else None."""
