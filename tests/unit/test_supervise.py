@@ -14,15 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.worker.protocol import ATTEMPT_FILE, RENDEZVOUS_ID_FILE
+from phalanx.worker.protocol import ATTEMPT_FILE, RENDEZVOUS_ID_FILE, ROLE_FILE, SPARE_ROLE, WORKER_INDEX_FILE
 from phalanx.worker.supervise import Launch, classify, descendants, process_state, read_pod_info
 
 SUPERVISE = [sys.executable, "-m", "phalanx.worker.supervise"]
 
 
-def set_attempt(info: Path, attempt: int) -> None:
-    """As the kubelet updates a downward-API volume: new files, switched in at once."""
-    for name, value in ((ATTEMPT_FILE, str(attempt)), (RENDEZVOUS_ID_FILE, f"job-{attempt}")):
+def set_attempt(info: Path, attempt: int, *, role: str = "worker", slot: str = "0") -> None:
+    """As the kubelet updates a downward-API volume: new files, switched in at once (the kubelet
+    swaps the whole directory; the attempt file, which the supervisor reads first, goes last)."""
+    files = ((RENDEZVOUS_ID_FILE, f"job-{attempt}"), (ROLE_FILE, role), (WORKER_INDEX_FILE, slot))
+    for name, value in (*files, (ATTEMPT_FILE, str(attempt))):
         fresh = info / f".{name}.new"
         fresh.write_text(value)
         fresh.replace(info / name)
@@ -112,7 +114,8 @@ def test_pod_info_is_read_whole_or_not_at_all(info: Path) -> None:
 SCRIPT = """
 import os, signal, sys, time
 env = os.environ.get
-print("run attempt=%s rdzv=%s pid=%d" % (env("PHALANX_ATTEMPT"), env("PET_RDZV_ID"), os.getpid()), flush=True)
+print("run attempt=%s rdzv=%s slot=%s pid=%d" % (
+    env("PHALANX_ATTEMPT"), env("PET_RDZV_ID"), env("PHALANX_WORKER_INDEX"), os.getpid()), flush=True)
 def stop(signum, frame):
     print("got SIGTERM", flush=True)
     sys.exit(143)
@@ -131,15 +134,39 @@ def test_a_new_attempt_stops_the_run_and_starts_it_again_with_the_attempts_envir
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     one = run(supervised, tmp_path, ["python", str(script)], info)
-    first = one.wait_for(r"run attempt=0 rdzv=job-0 pid=(\d+)")
+    first = one.wait_for(r"run attempt=0 rdzv=job-0 slot=0 pid=(\d+)")
     set_attempt(info, 1)
-    second = one.wait_for(r"run attempt=1 rdzv=job-1 pid=(\d+)")
+    second = one.wait_for(r"run attempt=1 rdzv=job-1 slot=0 pid=(\d+)")
     assert "got SIGTERM" in one.text()  # the run was asked to stop (and save) first
     assert first.group(1) != second.group(1)
     assert one.process.poll() is None  # the pod's main process lives on
     os.killpg(one.process.pid, signal.SIGTERM)  # the pod is deleted: the run stops, and so does the supervisor
     assert one.process.wait(timeout=30) == 143
     assert one.text().count("got SIGTERM") == 2
+
+
+def test_a_spare_runs_nothing_until_promoted_then_runs_in_its_slot(
+    tmp_path: Path, info: Path, supervised: list[Supervised]
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    set_attempt(info, 0, role=SPARE_ROLE, slot="")
+    spare = run(supervised, tmp_path, ["python", str(script)], info)
+    spare.wait_for("a warm spare: waiting to be promoted")
+    set_attempt(info, 2, role=SPARE_ROLE, slot="")  # a gang restart moves no spare; nothing starts
+    time.sleep(1)
+    assert "run attempt" not in spare.text()
+    set_attempt(info, 3, slot="1")  # the operator's one patch: role, slot, attempt and rendezvous id
+    spare.wait_for(r"promoted into slot 1 as attempt 3[\s\S]*run attempt=3 rdzv=job-3 slot=1 pid=")
+    os.killpg(spare.process.pid, signal.SIGTERM)
+    assert spare.process.wait(timeout=30) == 143
+
+    set_attempt(info, 3, role=SPARE_ROLE, slot="")
+    stopped = run(supervised, tmp_path, ["python", str(script)], info)
+    stopped.wait_for("a warm spare: waiting to be promoted")
+    os.killpg(stopped.process.pid, signal.SIGTERM)  # a spare removed: it ends, having run nothing
+    assert stopped.process.wait(timeout=10) == 0
+    assert "run attempt" not in stopped.text()
 
 
 def test_a_run_that_ends_ends_the_supervisor_with_its_code_unless_a_new_attempt_comes_within_the_wait(
