@@ -17,6 +17,14 @@ the last recovery, and the clock stops at the first step logged in the re-formed
   InPlace: the same pods, restarted processes);
 - ``hang``: one rank's process of worker 2 is SIGSTOPped; the job's progressDeadlineSeconds (30,
   the least allowed) restarts the gang (``NoProgress``).
+- ``worker-lost``: the pod in slot 2 is deleted and the clock stops at the first step of a world of
+  3 again (a new pod for the slot, or with ``Spare`` the warm spare promoted into it);
+- ``gang-worker-lost``: as ``worker-lost`` in a job of min 3, so the gang restarts (Recreate: three
+  new pods; InPlace: the two survivors kept, a new pod for the lost slot once its old pod is gone;
+  Spare: the survivors kept and the spare promoted at once).
+
+The last two cases run a third mode, ``Spare``: InPlace with ``workers.spares: 1``; the next
+repetition waits for the new spare to be ready.
 
 Each figure is broken down by the timestamps of worker 0's log lines (``kubectl logs
 --timestamps``: torchrun at LOGLEVEL=INFO, phalanx-supervise and the demo print markers) and, when
@@ -48,6 +56,7 @@ from typing import Any
 import yaml
 
 from phalanx.api import crd
+from phalanx.reconcile import naming
 from phalanx.worker.supervise import process_state
 from tests.benchmarks.harness import commit, stop_on_signals
 from tests.cluster.kube import Kubectl
@@ -56,8 +65,15 @@ from tests.e2e.test_training import elastic_job
 from tests.integration.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES = ("process-killed", "pod-deleted", "store-lost", "hang")
-MODES = ("Recreate", "InPlace")
+CASES = ("process-killed", "pod-deleted", "store-lost", "hang", "worker-lost", "gang-worker-lost")
+SPARE_CASES = ("worker-lost", "gang-worker-lost")
+MODES = ("Recreate", "InPlace", "Spare")
+
+
+def modes_of(case: str) -> tuple[str, ...]:
+    return MODES if case in SPARE_CASES else MODES[:2]
+
+
 STEP = re.compile(r"step=(\d+) loss=[0-9.]+ world_size=(\d+)")
 # worker 0's log lines that mark the phases of a recovery, in order
 MARKERS = (
@@ -78,8 +94,12 @@ class Sample:
     phases: dict[str, float]
 
 
-def bench_job(name: str, namespace: str, mode: str, keep_alive: int | None) -> dict[str, Any]:
+def bench_job(name: str, namespace: str, case: str, mode: str, keep_alive: int | None) -> dict[str, Any]:
     job = elastic_job(name, namespace, 100000)
+    if case == "gang-worker-lost":
+        job["spec"]["workers"] = {"min": 3, "max": 3, "desired": 3}
+    if mode == "Spare":
+        job["spec"]["workers"]["spares"] = 1
     if keep_alive is not None:
         job["spec"]["rendezvous"]["keepAliveSeconds"] = keep_alive
     job["spec"]["failurePolicy"] = {
@@ -92,7 +112,7 @@ def bench_job(name: str, namespace: str, mode: str, keep_alive: int | None) -> d
     pod["terminationGracePeriodSeconds"] = 5  # a stopped (hung) process waits this long for SIGKILL
     [trainer] = pod["containers"]
     trainer["env"] = [{"name": "LOGLEVEL", "value": "INFO"}]  # torchrun's rendezvous lines
-    if mode == "InPlace":
+    if mode in ("InPlace", "Spare"):
         trainer["command"] = ["phalanx-supervise", "--", "torchrun"]
     return job
 
@@ -176,11 +196,36 @@ def rank_process(job: str, index: int) -> int:
     return max(leaves)
 
 
-def one_recovery(kubectl: Kubectl, namespace: str, name: str, case: str, since: float) -> tuple[Sample, float]:
+def slot_pod(kubectl: Kubectl, namespace: str, name: str, index: int) -> str:
+    """The live pod that holds a worker slot (a promoted spare keeps its own name)."""
+    selector = f"{naming.JOB_NAME_LABEL}={name},{naming.ROLE_LABEL}={naming.ROLE_WORKER}"
+    selector += f",{naming.WORKER_INDEX_LABEL}={index}"
+    live = [pod for pod in kubectl.list("pods", namespace, selector) if not pod["metadata"].get("deletionTimestamp")]
+    if len(live) != 1:
+        raise RuntimeError(f"{len(live)} live pods in slot {index} of {name}")
+    return str(live[0]["metadata"]["name"])
+
+
+def wait_for_a_waiting_spare(kubectl: Kubectl, namespace: str, name: str) -> None:
+    def waiting() -> bool:
+        selector = f"{naming.JOB_NAME_LABEL}={name},{naming.ROLE_LABEL}={naming.ROLE_SPARE}"
+        spares = [pod["metadata"]["name"] for pod in kubectl.list("pods", namespace, selector)]
+        return any(
+            "waiting to be promoted" in text for spare in spares for _, text in timestamped(kubectl, namespace, spare)
+        )
+
+    kubectl.wait_for(waiting, timeout=180, interval=0.5, what=f"a spare of {name} waiting to be promoted")
+
+
+def one_recovery(
+    kubectl: Kubectl, namespace: str, name: str, case: str, mode: str, since: float
+) -> tuple[Sample, float]:
     """Inject the failure once the world of 3 took 10 steps after ``since``; the sample and when
     the world of 3 trains again (for the next repetition)."""
     worker0 = f"{name}-worker-0"
     wait_for_steps(kubectl, namespace, worker0, 3, since, 10)
+    if mode == "Spare":
+        wait_for_a_waiting_spare(kubectl, namespace, name)
     old_uid = (kubectl.get("pod", worker0, namespace) or {})["metadata"]["uid"]
     old_run = follow(kubectl, namespace, worker0)
     world = 2 if case == "pod-deleted" else 3
@@ -239,6 +284,9 @@ def inject(kubectl: Kubectl, namespace: str, name: str, case: str) -> None:
         os.kill(rank_process(name, 2), signal.SIGSTOP)
     elif case == "pod-deleted":
         kubectl.run("delete", "pod", f"{name}-worker-2", f"--namespace={namespace}", "--wait=false")
+    elif case in SPARE_CASES:
+        victim = slot_pod(kubectl, namespace, name, 2)
+        kubectl.run("delete", "pod", victim, f"--namespace={namespace}", "--wait=false")
     else:
         kubectl.run("delete", "pod", f"{name}-rdzv", f"--namespace={namespace}", "--wait=false")
 
@@ -246,13 +294,13 @@ def inject(kubectl: Kubectl, namespace: str, name: str, case: str) -> None:
 def run_case(
     kubectl: Kubectl, namespace: str, case: str, mode: str, repetitions: int, keep_alive: int | None
 ) -> list[Sample]:
-    name = f"{case.split('-', maxsplit=1)[0]}-{mode.lower()}-{uuid.uuid4().hex[:4]}"
-    kubectl.create(bench_job(name, namespace, mode, keep_alive), namespace=namespace)
+    name = f"{case.rsplit('-', maxsplit=1)[0]}-{mode.lower()}-{uuid.uuid4().hex[:4]}"
+    kubectl.create(bench_job(name, namespace, case, mode, keep_alive), namespace=namespace)
     samples: list[Sample] = []
     since = 0.0
     try:
         for _ in range(repetitions):
-            sample, since = one_recovery(kubectl, namespace, name, case, since)
+            sample, since = one_recovery(kubectl, namespace, name, case, mode, since)
             samples.append(sample)
             print(f"{case} {mode}: {sample.seconds:.2f}s, recomputed {sample.recomputed}, {sample.phases}", flush=True)
     finally:
@@ -337,10 +385,12 @@ def measure(
     with OperatorProcess(Path(cluster.kubeconfig), log, namespace=namespace, extra_env=scrapes):
         for case in cases:
             results[case] = {}
-            for mode in MODES:  # side by side: the same cluster, one after the other
+            for mode in modes_of(case):  # side by side: the same cluster, one after the other
                 results[case][mode] = summarize(run_case(kubectl, namespace, case, mode, repetitions, keep_alive))
-            recreate, in_place = (results[case][mode]["median_seconds"] for mode in MODES)
-            results[case]["in_place_over_recreate"] = round(in_place / recreate, 2) if recreate else None
+            recreate = results[case]["Recreate"]["median_seconds"]
+            for mode in modes_of(case)[1:]:
+                ratio = round(results[case][mode]["median_seconds"] / recreate, 2) if recreate else None
+                results[case][f"{mode.lower().replace('inplace', 'in_place')}_over_recreate"] = ratio
 
 
 if __name__ == "__main__":

@@ -158,6 +158,8 @@ class Story:
     maximum: int
     desired: int
     in_place: bool = False
+    spares: int = 0
+    """Warm spares (in-place jobs only: they need the supervisor)."""
 
     @property
     def max_restarts(self) -> int:
@@ -259,6 +261,8 @@ class Report:
     counted_failures: int = 0
     gang_restarts_in_place: int = 0
     pods_kept_in_place: int = 0
+    spares_promoted: set[str] = field(default_factory=set)
+    """UIDs of spare pods seen promoted into a worker slot."""
     violations: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -273,6 +277,7 @@ class Report:
             "counted_failures_injected": self.counted_failures,
             "gang_restarts_in_place": self.gang_restarts_in_place,
             "pods_kept_through_them": self.pods_kept_in_place,
+            "spares_promoted": len(self.spares_promoted),
             "operator_kills": self.operator_kills,
             "operator_kills_of_the_leader": self.leader_kills,
             "operator_kills_of_the_standby": self.standby_kills,
@@ -347,7 +352,9 @@ def stories(config: ChaosConfig, rng: random.Random) -> Iterator[Story]:
         maximum = minimum + rng.choice((1, 2))
         steps = [rng.choice(MIDDLE_STEPS) for _ in range(rng.randint(*config.steps_per_job))]
         end = "exhaust" if index % 5 == 4 else "succeed"
-        yield Story(steps, end, minimum, maximum, rng.randint(minimum, maximum), in_place=index % 2 == 1)
+        in_place = index % 2 == 1
+        spares = 1 if index % 4 == 3 else 0
+        yield Story(steps, end, minimum, maximum, rng.randint(minimum, maximum), in_place=in_place, spares=spares)
 
 
 class ChaosRun:
@@ -1243,6 +1250,8 @@ class ChaosRun:
             index = metadata["labels"].get(naming.WORKER_INDEX_LABEL)
             if live and index is not None and owner is not None:
                 slots[(owner, index)] += 1
+            if index is not None and "-spare-" in metadata["name"]:
+                self.report.spares_promoted.add(metadata["uid"])
         for (owner, index), count in slots.items():
             if count > 1:
                 self.violate(f"{count} live pods for worker slot {index} of job uid {owner}")
@@ -1280,7 +1289,7 @@ class ChaosRun:
         assert self.api is not None
         name = f"job-{len(self.jobs):03d}-{uuid.uuid4().hex[:4]}"
         body = manifest(
-            workers={"min": story.minimum, "max": story.maximum, "desired": story.desired},
+            workers={"min": story.minimum, "max": story.maximum, "desired": story.desired, "spares": story.spares},
             gpus={"count": 1},
             failurePolicy={"maxRestarts": story.max_restarts, "backoffSeconds": 1, "maxBackoffSeconds": 2},
             ttlSecondsAfterFinished=TTL_SECONDS,
@@ -1300,6 +1309,7 @@ class ChaosRun:
         self.say(
             f"{name}: created ({story.minimum}..{story.maximum}, {story.desired}), story {story.steps} -> {story.end}"
             + (", gang restarts in place" if story.in_place else "")
+            + (f", {story.spares} spare(s)" if story.spares else "")
         )
 
     def _workers(self, job: Job, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1574,6 +1584,7 @@ def summary_line(report: Report) -> str:
         f"{figures['node_flaps']} flaps, {figures['brownouts']} brownouts ({figures['brownout_nodes']} nodes), "
         f"{sum(figures['hostile_acts'].values())} hostile acts ({figures['hostile_pages_served']} pages served), "
         f"{figures['gang_restarts_in_place']} gang restarts in place ({figures['pods_kept_through_them']} pods kept), "
+        f"{figures['spares_promoted']} spares promoted, "
         f"{figures['writes_audited']} writes audited, {figures['nodes_avoided_by_jobs']} nodes avoided by jobs "
         f"({figures['pods_created_while_their_job_avoided_nodes']} pods placed while they were), "
         f"peak RSS {figures['peak_rss_mib']} MiB, "

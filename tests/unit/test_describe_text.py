@@ -530,3 +530,14 @@ def test_where_the_time_went_includes_the_current_state() -> None:
     job["status"]["recomputedSteps"] = {"total": 12, "reached": 240, "failedAt": "2026-03-01T11:59:00Z"}
     assert fields(render(job))["Steps Recomputed"] == "12 (and the restart at step 240 waits for its new run)"
     assert "Time By State" not in fields(render())
+
+
+def test_spares_are_counted_with_the_workers_and_listed_beside_the_store() -> None:
+    job = copy.deepcopy(JOB)
+    job["spec"]["workers"]["spares"] = 2
+    job["status"]["workers"]["spares"] = 1
+    spare = pod("llama-spare-3", role="spare", attempt=1, node="gpu-node-3", ip="10.244.3.4")
+    text = render(job, [*PODS, spare])
+    assert fields(text)["Workers"] == "desired 3 (min 2, max 4), active 3, ready 2, world size 12; spares 1 ready of 2"
+    rows = section(text, "Pods (current attempt 1 first):")
+    assert ["llama-spare-3", "spare", "-", "gpu-node-3", "Running", "True", "0", "11m", "10.244.3.4"] in rows

@@ -70,7 +70,7 @@ def test_a_supervised_pod_reads_its_attempt_from_a_downward_api_volume() -> None
         "role": "metadata.labels['phalanx.dev/role']",
         "worker-index": "metadata.labels['phalanx.dev/worker-index']",
     }
-    assert "PHALANX_WORKER_INDEX" not in variables  # a spare promoted into a slot learns it from the file
+    assert variables["PHALANX_WORKER_INDEX"] == "0"  # a worker's slot never changes; a spare's comes from the file
     mounts = pod["spec"]["containers"][0]["volumeMounts"]
     assert {"name": naming.POD_INFO_VOLUME, "mountPath": naming.POD_INFO_DIR, "readOnly": True} in mounts
     assert world.status["restartMode"] == "InPlace"

@@ -53,6 +53,8 @@ def test_spares_are_created_once_every_slot_holds_a_scheduled_worker_and_are_not
     labels = spare["metadata"]["labels"]
     assert labels[naming.ROLE_LABEL] == naming.ROLE_SPARE and naming.WORKER_INDEX_LABEL not in labels
     assert spare["metadata"]["annotations"][naming.RENDEZVOUS_ID_ANNOTATION] == "5f1c0d2e-0"
+    variables = {var["name"] for var in spare["spec"]["containers"][0]["env"]}
+    assert "PHALANX_WORKER_INDEX" not in variables  # no slot until promoted: the supervisor reads it then
     assert {"name": naming.POD_INFO_VOLUME, "mountPath": naming.POD_INFO_DIR, "readOnly": True} in spare["spec"][
         "containers"
     ][0]["volumeMounts"]

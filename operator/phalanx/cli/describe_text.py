@@ -115,6 +115,8 @@ def worker_counts(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
     text += f", active {counts.get('active', 0)}, ready {counts.get('ready', 0)}"
     if counts.get("worldSize") is not None:
         text += f", world size {counts['worldSize']}"
+    if bounds.get("spares"):
+        text += f"; spares {counts.get('spares', 0)} ready of {bounds['spares']}"
     return text
 
 
@@ -155,6 +157,8 @@ def pod_row(pod: Mapping[str, Any], current_attempt: int, now: datetime) -> PodR
     ready = "True" if record.ready else "False"
     if record.role == naming.ROLE_RENDEZVOUS:
         worker, attempt, group = "store", "-", 1
+    elif record.role == naming.ROLE_SPARE:
+        worker, attempt, group = "spare", "-", 1
     else:
         worker = str(record.index) if record.index is not None else "?"
         attempt = str(record.attempt) if record.attempt is not None else "?"

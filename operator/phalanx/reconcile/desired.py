@@ -274,7 +274,7 @@ def rendezvous_store_pod(job: api.TrainingJob, launch: Launch, *, avoid: Sequenc
 
 
 def _trainer_container(
-    job: api.TrainingJob, launch: Launch, container: dict[str, Any], *, attempt: int, index: int
+    job: api.TrainingJob, launch: Launch, container: dict[str, Any], *, attempt: int, index: int | None
 ) -> dict[str, Any]:
     spec = job.spec
     profile = transport_profile(spec, launch, job.metadata.namespace)
@@ -350,7 +350,7 @@ def worker_pod(
     template_metadata = spec.template.metadata
     containers = template["containers"]
     containers[launch.trainer_index] = _trainer_container(
-        job, launch, containers[launch.trainer_index], attempt=attempt, index=index
+        job, launch, containers[launch.trainer_index], attempt=attempt, index=index if spare is None else None
     )
     profile = transport_profile(spec, launch, job.metadata.namespace)
 

@@ -175,9 +175,18 @@ def transport_profile(spec: api.TrainingJobSpec, launch: Launch, namespace: str)
 
 
 def worker_environment(
-    spec: api.TrainingJobSpec, launch: Launch, *, job_name: str, namespace: str, job_uid: str, attempt: int, index: int
+    spec: api.TrainingJobSpec,
+    launch: Launch,
+    *,
+    job_name: str,
+    namespace: str,
+    job_uid: str,
+    attempt: int,
+    index: int | None,
 ) -> list[EnvVar]:
-    """The worker's environment, before the container's own variables (which win) are merged in."""
+    """The worker's environment, before the container's own variables (which win) are merged in;
+    ``index`` None: a spare's, which has no slot until it is promoted (its supervisor then gives
+    the run ``PHALANX_WORKER_INDEX`` from the pod-info files)."""
     rendezvous = spec.rendezvous
     values: dict[str, str] = {"PET_LOCAL_ADDR": "$(POD_IP)", "PET_NPROC_PER_NODE": str(launch.procs_per_worker)}
     if launch.launcher == "torchrun":
@@ -210,11 +219,11 @@ def worker_environment(
                 "MASTER_ADDR": master,
                 "MASTER_PORT": port,
                 "WORLD_SIZE": str(spec.workers.max * launch.procs_per_worker),
-                "RANK": str(index),
+                "RANK": str(index or 0),
                 "PET_MASTER_ADDR": master,
                 "PET_MASTER_PORT": port,
                 "PET_NNODES": str(spec.workers.max),
-                "PET_NODE_RANK": str(index),
+                "PET_NODE_RANK": str(index or 0),
                 "PET_MAX_RESTARTS": "0",
             }
         )
@@ -224,16 +233,16 @@ def worker_environment(
             "PHALANX_JOB_NAME": job_name,
             "PHALANX_NAMESPACE": namespace,
             **({} if launch.supervised else {"PHALANX_ATTEMPT": str(attempt)}),
-            # a supervised pod's slot can change (a spare promoted into it): read from a file too
-            **({} if launch.supervised else {"PHALANX_WORKER_INDEX": str(index)}),
+            **({} if index is None else {"PHALANX_WORKER_INDEX": str(index)}),
             "PHALANX_BACKEND": launch.backend,
             "PHALANX_STORE_ENDPOINT": naming.rendezvous_endpoint(job_name, namespace, rendezvous.port),
             "PHALANX_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
         }
     )
     if launch.supervised:
-        # the attempt, its rendezvous id and the slot change in a running pod: the supervisor reads
-        # them from files and gives them to each run (PHALANX_ATTEMPT, PET_RDZV_ID, PHALANX_WORKER_INDEX)
+        # the attempt and its rendezvous id change in a running pod, and a spare's slot once: the
+        # supervisor reads them from files and gives them to each run (PHALANX_ATTEMPT, PET_RDZV_ID,
+        # PHALANX_WORKER_INDEX)
         values["PHALANX_POD_INFO_DIR"] = naming.POD_INFO_DIR
         grace = (spec.template.spec.model_extra or {}).get("terminationGracePeriodSeconds")
         values["PHALANX_STOP_GRACE_SECONDS"] = str(grace if isinstance(grace, int) else STOP_GRACE_SECONDS)
