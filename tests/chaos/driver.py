@@ -1335,7 +1335,9 @@ class ChaosRun:
 
     def _stable(self, body: dict[str, Any], workers: list[dict[str, Any]], desired: int) -> bool:
         status = body.get("status") or {}
-        if status.get("phase") != "Running" or status.get("workerSummary") != f"{desired}/{desired}":
+        # "3/3", or "3/3 +1 spare" for a job with spares
+        summary = str(status.get("workerSummary") or "").split(" ")[0]
+        if status.get("phase") != "Running" or summary != f"{desired}/{desired}":
             return False
         if status.get("observedGeneration") != body["metadata"].get("generation"):
             return False

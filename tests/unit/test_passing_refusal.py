@@ -14,6 +14,12 @@ BLOCK_OWNER_DELETION = (
     "resource you can't set finalizers on: , <nil>"
 )
 OWNER_REFERENCE = 'services "train-rdzv" is forbidden: cannot set an ownerRef on a resource you can\'t delete: , <nil>'
+# the same plugin right after an API server restart, before its discovery has the CRD (seen in the chaos tier)
+OWNER_KIND_UNKNOWN = (
+    'pods "job-002-becd-worker-1" is forbidden: cannot set blockOwnerDeletion in this case because cannot find '
+    'RESTMapping for APIVersion phalanx.dev/v1alpha1 Kind TrainingJob: no matches for kind "TrainingJob" in '
+    'version "phalanx.dev/v1alpha1"'
+)
 RBAC = (
     'pods is forbidden: User "system:serviceaccount:ops:phalanx" cannot create resource "pods" in API group "" '
     'in the namespace "team-a"'
@@ -26,6 +32,7 @@ RBAC = (
         ("Pod", 403, BLOCK_OWNER_DELETION, "OperatorForbidden"),
         ("Service", 403, OWNER_REFERENCE, "OperatorForbidden"),
         ("Pod", 403, RBAC, "OperatorForbidden"),
+        ("Pod", 403, OWNER_KIND_UNKNOWN, "OwnerKindNotDiscovered"),
         ("Pod", 403, 'pods "w" is forbidden: exceeded quota: gpus, requested: nvidia.com/gpu=8', "QuotaExceeded"),
         ("Pod", 403, 'pods "w" is forbidden: violates PodSecurity "restricted:latest"', None),
         ("Pod", 422, 'Pod "w" is invalid: spec.containers[0].image: Required value', None),

@@ -229,3 +229,72 @@ def test_workers_failing_in_one_pass_are_one_counted_failure_whatever_survives(d
     assert uids <= set(status.get("countedFailures") or ())
     world.reconcile()  # the same failures seen again count nothing
     assert world.status["restarts"] == 1
+
+
+SPARE_ACTIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["run", "fail", "delete", "fail-spare", "scale", "wait", "lose-node", "spares"]),
+        st.integers(0, 7),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 4), st.integers(0, 3), st.integers(1, 2), SPARE_ACTIONS)
+def test_with_spares_every_slot_has_at_most_one_live_pod_and_spares_never_count_as_restarts(
+    low: int, more: int, spares: int, actions: list[tuple[str, int]]
+) -> None:
+    high = low + more
+    containers = [{"name": "trainer", "image": "example/train:1", "command": ["phalanx-supervise", "--", "torchrun"]}]
+    workers = {"min": low, "max": high, "desired": high, "spares": spares}
+    world = World(job(workers=workers, template={"spec": {"containers": containers}}))
+    for _ in range(2):  # the workers, then the spares behind them, running
+        world.settle()
+        world.run()
+    counted = 0
+    for action, number in actions:
+        live_workers = [p for p in world.workers(world.status["attempt"]) if not p["metadata"].get("deletionTimestamp")]
+        target = live_workers[number % len(live_workers)]["metadata"]["name"] if live_workers else None
+        live_spares = [p for p in world.spares() if not p["metadata"].get("deletionTimestamp")]
+        if action == "run":
+            world.run()
+        elif action == "fail" and target:
+            world.run(target)
+            world.terminate(target, 1)
+            counted += 1
+        elif action == "delete" and target:
+            world.pods[target]["metadata"]["deletionTimestamp"] = "2026-11-30T10:00:00Z"
+        elif action == "fail-spare" and live_spares:
+            world.terminate(live_spares[number % len(live_spares)]["metadata"]["name"], 137, "OOMKilled")
+        elif action == "scale":
+            world.body["spec"]["workers"]["desired"] = low + number % (high - low + 1)
+        elif action == "spares":
+            world.body["spec"]["workers"]["spares"] = number % 3
+        elif action == "wait":
+            world.advance(30 * number)
+            world.finish_terminating()
+        elif action == "lose-node" and target:
+            world.run(target, node=f"node-{number}")
+            world.node_not_ready(f"node-{number}")
+        world.reconcile()
+        status = world.status
+        if status["phase"] in ("Succeeded", "Failed"):
+            break
+        live = [
+            p
+            for p in world.workers()
+            if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") not in ("Succeeded", "Failed")
+        ]
+        slots = [p["metadata"]["labels"][naming.WORKER_INDEX_LABEL] for p in live]
+        assert len(slots) == len(set(slots)), slots
+        assert len(live) <= high
+        for spare in world.spares():
+            assert naming.WORKER_INDEX_LABEL not in spare["metadata"]["labels"]
+        waiting = [
+            p
+            for p in world.spares()
+            if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") not in ("Succeeded", "Failed")
+        ]
+        assert len(waiting) <= world.body["spec"]["workers"]["spares"]
+        assert status["restarts"] <= counted  # a spare's failure is never a restart

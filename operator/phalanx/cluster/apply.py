@@ -51,6 +51,9 @@ STARTUP_PROGRESS_WRITE_SECONDS = 15.0
 BUSY_PROGRESS_WRITE_SECONDS = 30.0
 STARTING_PHASES = ("Pending", "Starting")
 RBAC_REFUSAL = re.compile(r'is forbidden: User "[^"]*" cannot ')
+# The same plugin before its discovery knows the owner's kind (an API server restarted a moment ago,
+# a CRD just installed): it cannot map TrainingJob to a resource, and says so as a 403.
+OWNER_KIND_UNKNOWN = "cannot find RESTMapping for APIVersion"
 # The OwnerReferencesPermissionEnforcement admission plugin (kube-apiserver's
 # plugin/pkg/admission/gc, on in OpenShift): what it refuses, and the permission that is missing.
 OWNER_REFERENCE_REFUSALS = (
@@ -85,11 +88,14 @@ def _missing_owner_permission(error: ApiError) -> str | None:
 def passing_refusal(kind: str, error: ApiError) -> str | None:
     """The reason of a creation refusal that may pass on its own, or None if it is permanent.
     Missing permissions may pass (an administrator grants them), whether RBAC refused the request
-    or an admission plugin that checks RBAC for owner references did."""
+    or an admission plugin that checks RBAC for owner references did, and so does that plugin's
+    not knowing the owner's kind yet."""
     if error.status == 403 and "exceeded quota" in error.message:
         return "QuotaExceeded"
     if error.status == 403 and (RBAC_REFUSAL.search(error.message) or _missing_owner_permission(error)):
         return "OperatorForbidden"
+    if error.status == 403 and OWNER_KIND_UNKNOWN in error.message:
+        return "OwnerKindNotDiscovered"
     if error.status == 404:
         return "GangSchedulerUnavailable" if kind == "PodGroup" else "NotFound"
     if error.status in (422, 403, 400):

@@ -135,10 +135,18 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         if obj is not None
     ]
 
-    def held(view: PhaseView, *, more: Actions = NOTHING) -> Decision:
-        """The pass ends before workers: only the objects wanted so far are written."""
+    def held(view: PhaseView, *, more: Actions = NOTHING, promoted: frozenset[str] = frozenset()) -> Decision:
+        """The pass ends before workers: only the objects wanted so far are written; spares are
+        tended (a failed one recorded, extra ones removed) but none is created."""
         writes = creation.writes(wanted, observed, job.metadata.uid, context.now)
-        return Decision(view, memory, actions + more + writes.waits, apply=writes.apply, stall=stall)
+        tended = spares.upkeep(context, memory, launch, current, promoted=promoted, may_create=False)
+        return Decision(
+            view,
+            tended.memory,
+            actions + more + tended.actions + writes.waits,
+            apply=writes.apply,
+            stall=stall,
+        )
 
     store_pod = observed.store()
     if store_pod is not None and (store_pod.deleting or memory.already_counted(store_pod)):
@@ -170,7 +178,11 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
     if stale:
         # a spare takes its slot now: its name is its own, so it need not wait for the old pod to go
         filled = spares.promotions(context, memory, current)
-        return held(PhaseView("Restarting", "GangRestart", old_workers_message(context, stale)), more=filled.actions)
+        return held(
+            PhaseView("Restarting", "GangRestart", old_workers_message(context, stale)),
+            more=filled.actions,
+            promoted=filled.promoted,
+        )
     if group is not None and not observed.has(
         child_kind(group["apiVersion"], group["kind"]), group["metadata"]["name"]
     ):
@@ -190,7 +202,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         actions += scaled.actions
         rescaled = scaled.rescaled
         kept_spares = spares.upkeep(
-            context, memory, launch, current, promoted=scaled.promoted, creating_workers=bool(scaled.slots)
+            context, memory, launch, current, promoted=scaled.promoted, may_create=not scaled.slots
         )
         memory = kept_spares.memory
         wanted.extend(Wanted(spare, create_only=True) for spare in kept_spares.create)

@@ -106,10 +106,11 @@ def upkeep(
     current: Sequence[PodRecord],
     *,
     promoted: frozenset[str],
-    creating_workers: bool,
+    may_create: bool,
 ) -> SpareUpkeep:
     """Record failed spares once and remove them, remove spares on lost or avoided nodes and those
-    beyond ``workers.spares``, and create the missing ones once every slot holds a scheduled worker."""
+    beyond ``workers.spares``, and (``may_create``: no worker pod is being created) create the
+    missing ones once every slot holds a scheduled worker."""
     job, spec = context.job, context.spec
     actions = NOTHING
     kept: list[PodRecord] = []
@@ -138,7 +139,7 @@ def upkeep(
     actions += context.removing(sorted(extra, key=serial, reverse=True))
     missing = wanted - (len(kept) - len(extra))
     failed = dict(memory.by_reason).get(SPARE_FAILED, 0)
-    workers_placed = not creating_workers and all(pod.scheduled for pod in current if pod.active)
+    workers_placed = may_create and all(pod.scheduled for pod in current if pod.active)
     if missing <= 0 or not workers_placed or failed > spec.failure_policy.max_restarts:
         return SpareUpkeep(memory, actions=actions)
     names = {pod.name for pod in context.observed.pods}
