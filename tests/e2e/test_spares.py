@@ -1,6 +1,8 @@
 """Warm spares on the real node: a spare pod's supervisor waits with torch imported; when a worker is
-deleted, the operator relabels the spare into the lost slot, its supervisor starts torchrun, the
-world re-forms at full size with it, and a new spare is created behind it."""
+deleted, the operator relabels the spare into the lost slot and moves the survivors to a new
+attempt (a new rendezvous id: torchrun need not wait out the lost agent's keep-alives), the
+supervisors start torchrun, the world re-forms at full size with the spare, and a new spare is
+created behind it."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def test_a_deleted_worker_is_replaced_by_the_warm_spare_and_a_new_spare_follows(
 
     kubectl.run("delete", "pod", WORKERS[1], f"--namespace={namespace}", "--wait=false")
     kubectl.wait_for(
-        lambda: re.search(r"joined rank=\d world_size=3 attempt=0", logs(kubectl, namespace, SPARE)) is not None,
+        lambda: re.search(r"joined rank=\d world_size=3 attempt=1", logs(kubectl, namespace, SPARE)) is not None,
         timeout=120,
         what="the promoted spare training in a world of 3",
     )
@@ -56,7 +58,9 @@ def test_a_deleted_worker_is_replaced_by_the_warm_spare_and_a_new_spare_follows(
     labels = promoted["metadata"]["labels"]
     assert labels[naming.ROLE_LABEL] == naming.ROLE_WORKER and labels[naming.WORKER_INDEX_LABEL] == "1"
     text = logs(kubectl, namespace, SPARE)
-    assert "phalanx-supervise: promoted into slot 1 as attempt 0" in text, text
+    assert "phalanx-supervise: promoted into slot 1 as attempt 1" in text, text
+    survivor = logs(kubectl, namespace, WORKERS[0])
+    assert "phalanx-supervise: attempt 1: restarting in place" in survivor, survivor
     kubectl.wait_for(
         lambda: "resumed_from=" in logs(kubectl, namespace, SPARE), timeout=60, what="the spare's first step"
     )
@@ -66,7 +70,8 @@ def test_a_deleted_worker_is_replaced_by_the_warm_spare_and_a_new_spare_follows(
     kubectl.wait_for(lambda: "spares-spare-1" in pods(kubectl, namespace), timeout=60, what="a new spare")
 
     final = wait_phase(kubectl, namespace, "spares", "Succeeded", timeout=300)
-    assert final["attempt"] == 0 and final["restarts"] == 0  # a lost worker with survivors >= min
+    assert final["attempt"] == 1 and final["restarts"] == 0  # deleted from outside: not counted
+    assert final["restartsByReason"] == {"WorkersDeleted": 1}
     assert "SparePromoted" in {event["reason"] for event in kubectl.list("events", namespace)}
     left = pods(kubectl, namespace)
     assert WORKERS[1] not in left  # its slot is the spare's: no new pod of that name

@@ -64,18 +64,28 @@ def test_spares_are_created_once_every_slot_holds_a_scheduled_worker_and_are_not
     assert world.status["replicas"] == 3  # the scale subresource counts workers only
 
 
-def test_a_failed_worker_is_replaced_by_a_ready_spare_in_the_same_pass_and_a_new_spare_follows() -> None:
+def test_a_failed_worker_is_replaced_by_a_ready_spare_and_the_world_re_forms_in_place_at_once() -> None:
     world = training(with_spares(1))
+    before = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in world.workers()}
     spare_uid = world.spares()[0]["metadata"]["uid"]
     world.terminate("demo-worker-1", 1)
     replaced = world.reconcile()
-    assert [(m.name, m.uid, m.index, m.to_attempt) for m in replaced.move] == [("demo-spare-0", spare_uid, 1, 0)]
-    # no new worker pod for the slot; a new spare at once, as every slot holds a scheduled worker
-    assert names([obj for obj in replaced.apply if obj["kind"] == "Pod"]) == ["demo-spare-1"]
-    assert world.status["restarts"] == 1 and world.status["attempt"] == 0  # counted once, as without spares
+    # a new rendezvous id, so that torchrun need not wait for the lost agent's keep-alives to run out
+    assert world.status["attempt"] == 1 and world.status["restarts"] == 1  # counted once, no backoff
+    assert world.status["restartsByReason"] == {"WorkerFailed": 1} and world.status.get("restartNotBefore") is None
+    assert sorted((m.name, m.uid, m.index, m.to_attempt) for m in replaced.move) == [
+        ("demo-spare-0", spare_uid, 1, 1),
+        ("demo-worker-0", before["demo-worker-0"], None, 1),
+        ("demo-worker-2", before["demo-worker-2"], None, 1),
+    ]
+    assert [d.name for d in replaced.delete] == ["demo-worker-1"]
+    assert not [obj for obj in replaced.apply if obj["kind"] == "Pod"]
     promoted = world.pods["demo-spare-0"]
     assert promoted["metadata"]["labels"][naming.ROLE_LABEL] == naming.ROLE_WORKER and slot_of(promoted) == "1"
-    assert any(e.reason == "SparePromoted" for e in replaced.events)
+    assert promoted["metadata"]["annotations"][naming.RENDEZVOUS_ID_ANNOTATION] == "5f1c0d2e-1"
+    assert {e.reason for e in replaced.events} >= {"SparePromoted", "WorkerFailed"}
+    behind = world.reconcile()  # every slot held: a new spare at once, the old pod need not be gone
+    assert names([obj for obj in behind.apply if obj["kind"] == "Pod"]) == ["demo-spare-1"]
     world.finish_terminating()
     world.settle()
     assert "demo-worker-1" not in world.pods  # the slot is the spare's: no pod of that name comes back
@@ -83,14 +93,28 @@ def test_a_failed_worker_is_replaced_by_a_ready_spare_in_the_same_pass_and_a_new
     world.reconcile()
     assert world.status["phase"] == "Running" and world.status["workers"]["ready"] == 3
     assert sorted(slot_of(pod) or "" for pod in world.workers()) == ["0", "1", "2"]
+    assert world.status["restarts"] == 1
 
 
 def test_a_worker_being_deleted_from_outside_has_its_slot_taken_before_it_is_gone() -> None:
     world = training(with_spares(1))
     world.pods["demo-worker-2"]["metadata"]["deletionTimestamp"] = format_time(world.now)
     taken = world.reconcile()
-    assert [(m.name, m.index) for m in taken.move] == [("demo-spare-0", 2)]
-    assert world.status["restarts"] == 0  # deleted from outside, survivors >= min: not counted
+    assert [(m.name, m.index) for m in taken.move if m.index is not None] == [("demo-spare-0", 2)]
+    assert world.status["restarts"] == 0  # deleted from outside: not counted
+    assert world.status["restartsByReason"] == {"WorkersDeleted": 1}
+
+
+def test_without_a_ready_spare_for_every_lost_slot_the_survivors_train_on_and_slots_are_refilled() -> None:
+    world = training(with_spares(1, workers={"max": 4, "desired": 4}))
+    world.terminate("demo-worker-1", 1)
+    world.terminate("demo-worker-2", 1)
+    replaced = world.reconcile()
+    assert world.status["attempt"] == 0 and world.status["restarts"] == 1  # as without spares
+    assert [(m.name, m.index) for m in replaced.move] == [("demo-spare-0", 1)]  # the one spare, lowest slot
+    world.finish_terminating()
+    refilled = world.reconcile()
+    assert names([obj for obj in refilled.apply if obj["kind"] == "Pod"]) == ["demo-worker-2"]
 
 
 def test_a_gang_restart_keeps_the_survivors_and_fills_the_lost_slot_with_a_spare_while_the_old_pod_stops() -> None:
@@ -120,7 +144,9 @@ def test_a_promotion_planned_from_an_older_view_changes_nothing() -> None:
     world.carry_out(first)
     world.carry_out(first)  # sent twice (a retry after a lost answer): the pod is no spare any more
     assert slot_of(world.pods["demo-spare-0"]) == "1"
-    assert world.status["restarts"] == 1
+    assert world.status["restarts"] == 1 and world.status["attempt"] == 1
+    again = world.plan()
+    assert not again.move and world.status["attempt"] == 1
 
 
 def test_spares_on_a_lost_node_or_beyond_the_count_go_and_a_suspended_job_keeps_none() -> None:

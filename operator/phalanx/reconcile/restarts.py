@@ -21,7 +21,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import naming
+from phalanx.reconcile import naming, spares
 from phalanx.reconcile.actions import NOTHING, Actions, Move, event, requeue
 from phalanx.reconcile.decision import Avoidance, Context, Memory, Step, finish
 from phalanx.reconcile.failures import Failure, classify
@@ -89,6 +89,11 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
     if store_lost or len(survivors) < spec.workers.min or fixed_group:
         restart = gang_restart(context, memory, current, failures, store_lost=store_lost)
         return replace(restart, actions=actions + restart.actions)
+    lost_slots = sorted({pod.index for pod in [*(pod for pod, _ in failures), *deleted] if pod.index is not None})
+    ready = spares.ready_spares(context, memory)
+    if lost_slots and len(ready) >= len(lost_slots) and all(context.keeps(pod, memory) for pod in survivors):
+        reform = reform_with_spares(context, memory, failures, survivors, list(zip(lost_slots, ready, strict=False)))
+        return replace(reform, actions=actions + reform.actions)
     if not failures:
         return Step(memory, actions)  # enough survivors: the deleted workers' slots are refilled once they are gone
     failure = failure_event(failures)
@@ -107,6 +112,43 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
         )
         return replace(exhausted, actions=actions + exhausted.actions)
     return Step(memory, actions)
+
+
+def reform_with_spares(
+    context: Context,
+    memory: Memory,
+    failures: list[tuple[PodRecord, Failure]],
+    survivors: list[PodRecord],
+    takers: list[tuple[int, PodRecord]],
+) -> Step:
+    """Lost workers whose slots ready spares can take: the world re-forms in place at once as a new
+    attempt (a new rendezvous id), the survivors moved and the spares promoted in this pass.
+
+    Re-forming under the old rendezvous id would wait for torchrun to give up on each lost agent
+    (three missed keep-alives), since a round ends only when all its participants left; a new id
+    starts a round of its own. The failure is counted as a replaced worker's (once, no backoff:
+    nothing waits for the spares)."""
+    spec = context.spec
+    if failures:
+        failure = failure_event(failures)
+        memory = memory.counting(failure, (pod for pod, _ in failures))
+    else:
+        failure = gang_cause(context, [], store_lost=False, cause=None)
+        memory = memory.counting(failure, ())
+    if memory.restarts > spec.failure_policy.max_restarts:
+        exhausted = finish(
+            context, memory, "Failed", "RestartBudgetExhausted", budget_message(context, memory, failure)
+        )
+        return replace(exhausted, actions=context.removing(pod for pod, _ in failures) + exhausted.actions)
+    memory = memory.restarting_from(context.observed.progress, context.now)
+    memory = replace(memory, attempt=memory.attempt + 1, restart_not_before=None)
+    actions = context.removing(pod for pod, _ in failures) + moving(context, survivors, memory.attempt)
+    for slot, spare in takers:
+        actions += spares.promoting(context, spare, slot, memory.attempt)
+    taken = ", ".join(f"{spare.name} takes slot {slot}" for slot, spare in takers)
+    message = f"{failure.message}; {taken}: the world re-forms in place as attempt {memory.attempt}"
+    actions += event("Warning", worker_event_reason(failure.reason), message)
+    return Step(memory, actions, PhaseView("Restarting", failure.reason, message))
 
 
 def avoid_nodes(context: Context, memory: Memory, failures: list[tuple[PodRecord, Failure]]) -> tuple[Memory, Actions]:

@@ -2,11 +2,12 @@
 spares to create, record as failed or remove.
 
 A spare is a worker pod without a slot (``phalanx.dev/role: spare``) whose supervisor has done its
-imports and waits. An empty slot of the current attempt (its worker failed, was deleted or lost
-its node) is filled by promoting a healthy spare, in the same pass that finds it empty and before
-its old pod is gone: one JSON patch relabels the spare (role, slot, attempt, rendezvous id; a
-``Move`` with an index), and the kubelet hands the new labels to the supervisor, which starts the
-command. Only when no spare is ready is a new worker pod created, as without spares.
+imports and waits. One JSON patch promotes it (role, slot, attempt, rendezvous id; a ``Move`` with
+an index), and the kubelet hands the new labels to the supervisor, which starts the command. Lost
+workers whose slots ready spares can all take make the world re-form in place as a new attempt
+(``restarts.reform_with_spares``); otherwise an empty slot of the current attempt is filled by a
+ready spare in the pass that finds it empty, before its old pod is gone (``promotions``), and
+only when no spare is ready is a new worker pod created, as without spares.
 
 New spares are created only once every slot holds a scheduled worker, so a spare never takes the
 place a worker of the gang needs. Spares join the PodGroup (as its members, not in ``minMember``)
@@ -56,9 +57,12 @@ def empty_slots(memory: Memory, current: Sequence[PodRecord], wanted: int) -> li
 
 
 def promoting(context: Context, spare: PodRecord, index: int, attempt: int) -> Actions:
-    """Move ``spare`` into slot ``index`` of ``attempt``."""
+    """Move ``spare`` into slot ``index`` of ``attempt``, and say so."""
     rendezvous_id = naming.rendezvous_id(context.job.metadata.uid, attempt)
-    return Actions(move=(Move(spare.name, spare.uid, spare.attempt or 0, attempt, rendezvous_id, index=index),))
+    move = Move(spare.name, spare.uid, spare.attempt or 0, attempt, rendezvous_id, index=index)
+    return Actions(move=(move,)) + event(
+        "Normal", "SparePromoted", f"spare {spare.name} takes worker slot {index} (attempt {attempt})"
+    )
 
 
 @dataclass(frozen=True)
@@ -83,9 +87,7 @@ def promotions(context: Context, memory: Memory, current: Sequence[PodRecord]) -
             continue
         spare = spares.pop(0)
         promoted.add(spare.name)
-        actions += promoting(context, spare, index, memory.attempt) + event(
-            "Normal", "SparePromoted", f"spare {spare.name} takes worker slot {index} (attempt {memory.attempt})"
-        )
+        actions += promoting(context, spare, index, memory.attempt)
     return Promotions(actions, frozenset(promoted), tuple(unfilled))
 
 
