@@ -339,6 +339,7 @@ def main() -> int:
         parser.error(f"unknown cases: {sorted(unknown)}")
     from tests.cluster.node.realnode import RealNode, cluster_with_real_node
 
+    measured_at = commit()  # the code under test: read before a long run, during which HEAD may move
     directory = Path(tempfile.mkdtemp(prefix="phalanx-bench-recovery-"))
     cluster = cluster_with_real_node(directory / "cluster", node=RealNode(taint=False))
     results: dict[str, dict[str, Any]] = {}
@@ -353,7 +354,7 @@ def main() -> int:
             {
                 "benchmark": "failure -> first training step of the re-formed world (real node, gloo, "
                 "3 workers, min 2, a step every 0.1 s, checkpoints every 10 steps)",
-                "commit": commit(),
+                "commit": measured_at,
                 "repetitions": args.repetitions,
                 "keep_alive_seconds": args.keep_alive_seconds or 5,
                 "cases": results,

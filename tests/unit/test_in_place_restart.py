@@ -203,3 +203,26 @@ def test_the_rendezvous_keep_alive_sets_how_soon_a_silent_loss_is_dropped() -> N
     assert "keep_alive_interval=5,keep_alive_max_attempt=3," in env(default.workers()[0])["PET_RDZV_CONF"]
     quick = training(World(job(rendezvous={"keepAliveSeconds": 1})))
     assert "keep_alive_interval=1,keep_alive_max_attempt=3," in env(quick.workers()[0])["PET_RDZV_CONF"]
+
+
+def test_a_worker_lost_while_min_survive_re_forms_the_world_in_place_at_once() -> None:
+    """Under the old rendezvous id torchrun's survivors would wait out the lost agent's keep-alives;
+    a new attempt's id lets them re-form at once, and the slot's new pod joins that world later."""
+    world = training(supervised_job())
+    before = uids(world)
+    world.terminate("demo-worker-2", 1)
+    reformed = world.reconcile()
+    assert world.status["attempt"] == 1 and world.status["restarts"] == 1  # counted once, as a replacement
+    assert world.status.get("restartNotBefore") is None  # no backoff: nothing waits
+    assert sorted((m.name, m.to_attempt) for m in reformed.move) == [("demo-worker-0", 1), ("demo-worker-1", 1)]
+    assert [d.name for d in reformed.delete] == ["demo-worker-2"]
+    assert "2 worker(s) re-form the world in place as attempt 1" in world.status["message"]
+    refilled = world.reconcile()
+    assert [obj["metadata"]["name"] for obj in refilled.apply if obj["kind"] == "Pod"] == ["demo-worker-2"]
+    assert world.status["phase"] == "Rescaling"  # the two train on while the third starts
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running"
+    now = uids(world)
+    assert now["demo-worker-0"] == before["demo-worker-0"] and now["demo-worker-2"] != before["demo-worker-2"]
+    assert {pod["metadata"]["labels"][naming.ATTEMPT_LABEL] for pod in world.workers()} == {"1"}

@@ -105,13 +105,14 @@ def test_a_worker_being_deleted_from_outside_has_its_slot_taken_before_it_is_gon
     assert world.status["restartsByReason"] == {"WorkersDeleted": 1}
 
 
-def test_without_a_ready_spare_for_every_lost_slot_the_survivors_train_on_and_slots_are_refilled() -> None:
+def test_with_fewer_ready_spares_than_lost_slots_the_rest_get_new_pods_once_their_old_ones_are_gone() -> None:
     world = training(with_spares(1, workers={"max": 4, "desired": 4}))
     world.terminate("demo-worker-1", 1)
     world.terminate("demo-worker-2", 1)
     replaced = world.reconcile()
-    assert world.status["attempt"] == 0 and world.status["restarts"] == 1  # as without spares
-    assert [(m.name, m.index) for m in replaced.move] == [("demo-spare-0", 1)]  # the one spare, lowest slot
+    assert world.status["attempt"] == 1 and world.status["restarts"] == 1  # one failure event
+    assert [(m.name, m.index) for m in replaced.move if m.index is not None] == [("demo-spare-0", 1)]
+    assert "demo-spare-0 takes slot 1; 3 worker(s) re-form the world in place" in world.status["message"]
     world.finish_terminating()
     refilled = world.reconcile()
     assert names([obj for obj in refilled.apply if obj["kind"] == "Pod"]) == ["demo-worker-2"]

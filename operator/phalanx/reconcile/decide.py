@@ -175,7 +175,8 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         return held(
             PhaseView("Restarting", "GangRestart", message), more=restarts.moving(context, moving, memory.attempt)
         )
-    if stale and spares.empty_slots(memory, current, spec.workers.desired):
+    active = sum(1 for pod in current if pod.active)
+    if stale and active < spec.workers.min:
         # a spare takes its slot now: its name is its own, so it need not wait for the old pod to go
         filled = spares.promotions(context, memory, current)
         return held(
@@ -183,8 +184,8 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
             more=filled.actions,
             promoted=filled.promoted,
         )
-    # old workers still stopping hold nothing back once every slot is held (moved pods, promoted
-    # spares): no new pod needs their names
+    # old workers still stopping hold nothing back once at least min workers of the attempt run
+    # (a world re-formed in place trains on): a new pod for a slot waits for its old pod's name
     if group is not None and not observed.has(
         child_kind(group["apiVersion"], group["kind"]), group["metadata"]["name"]
     ):

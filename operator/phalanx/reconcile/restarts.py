@@ -90,9 +90,9 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
         restart = gang_restart(context, memory, current, failures, store_lost=store_lost)
         return replace(restart, actions=actions + restart.actions)
     lost_slots = sorted({pod.index for pod in [*(pod for pod, _ in failures), *deleted] if pod.index is not None})
-    ready = spares.ready_spares(context, memory)
-    if lost_slots and len(ready) >= len(lost_slots) and all(context.keeps(pod, memory) for pod in survivors):
-        reform = reform_with_spares(context, memory, failures, survivors, list(zip(lost_slots, ready, strict=False)))
+    if context.in_place and lost_slots and all(context.keeps(pod, memory) for pod in survivors):
+        takers = list(zip(lost_slots, spares.ready_spares(context, memory), strict=False))
+        reform = reform_in_place(context, memory, failures, survivors, takers)
         return replace(reform, actions=actions + reform.actions)
     if not failures:
         return Step(memory, actions)  # enough survivors: the deleted workers' slots are refilled once they are gone
@@ -114,20 +114,22 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
     return Step(memory, actions)
 
 
-def reform_with_spares(
+def reform_in_place(
     context: Context,
     memory: Memory,
     failures: list[tuple[PodRecord, Failure]],
     survivors: list[PodRecord],
     takers: list[tuple[int, PodRecord]],
 ) -> Step:
-    """Lost workers whose slots ready spares can take: the world re-forms in place at once as a new
-    attempt (a new rendezvous id), the survivors moved and the spares promoted in this pass.
+    """Workers lost while at least min survive, in a job that restarts in place: the world re-forms
+    at once as a new attempt (a new rendezvous id), the survivors moved and ready spares promoted
+    into the lost slots (``takers``) in this pass; slots no spare takes get new pods once their old
+    ones are gone, and join the new world as torchrun lets a rendezvous grow.
 
     Re-forming under the old rendezvous id would wait for torchrun to give up on each lost agent
     (three missed keep-alives), since a round ends only when all its participants left; a new id
     starts a round of its own. The failure is counted as a replaced worker's (once, no backoff:
-    nothing waits for the spares)."""
+    nothing waits)."""
     spec = context.spec
     if failures:
         failure = failure_event(failures)
@@ -145,8 +147,13 @@ def reform_with_spares(
     actions = context.removing(pod for pod, _ in failures) + moving(context, survivors, memory.attempt)
     for slot, spare in takers:
         actions += spares.promoting(context, spare, slot, memory.attempt)
-    taken = ", ".join(f"{spare.name} takes slot {slot}" for slot, spare in takers)
-    message = f"{failure.message}; {taken}: the world re-forms in place as attempt {memory.attempt}"
+    how = f"{len(survivors)} worker(s) re-form the world in place as attempt {memory.attempt}"
+    if takers:
+        taken = ", ".join(f"{spare.name} takes slot {slot}" for slot, spare in takers)
+        how = (
+            f"{taken}; {len(survivors) + len(takers)} worker(s) re-form the world in place as attempt {memory.attempt}"
+        )
+    message = f"{failure.message}; {how}"
     actions += event("Warning", worker_event_reason(failure.reason), message)
     return Step(memory, actions, PhaseView("Restarting", failure.reason, message))
 
