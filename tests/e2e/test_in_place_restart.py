@@ -65,11 +65,15 @@ def test_too_few_survivors_keep_the_survivor_and_replace_only_the_lost_pods(
     before = training(kubectl, namespace)
     kubectl.run("delete", "pod", WORKERS[1], WORKERS[2], f"--namespace={namespace}", "--wait=false")
     final = wait_phase(kubectl, namespace, "inplace", "Succeeded", timeout=300)
-    assert final["attempt"] == 1 and final["restartsByReason"] == {"WorkersDeleted": 1}
+    # one gang restart; or two when the operator saw the first deletion alone (the world of two
+    # re-formed in place at once, then lost the other pod): each is recorded, neither counted
+    attempt = final["attempt"]
+    assert attempt in (1, 2) and final["restartsByReason"] == {"WorkersDeleted": attempt}, final
+    assert final["restarts"] == 0
     now = uids(kubectl, namespace)
     assert now[WORKERS[0]] == before[WORKERS[0]]  # the survivor was kept
     assert now[WORKERS[1]] != before[WORKERS[1]] and now[WORKERS[2]] != before[WORKERS[2]]
     assert sorted(now) == worker_names(kubectl, namespace, "inplace")
     survivor = logs(kubectl, namespace, WORKERS[0])
-    assert "phalanx-supervise: attempt 1: restarting in place" in survivor, survivor
-    assert re.search(r"joined rank=\d world_size=3 attempt=1", survivor), survivor
+    assert f"phalanx-supervise: attempt {attempt}: restarting in place" in survivor, survivor
+    assert re.search(rf"joined rank=\d world_size=3 attempt={attempt}", survivor), survivor
