@@ -226,3 +226,12 @@ def test_a_worker_lost_while_min_survive_re_forms_the_world_in_place_at_once() -
     now = uids(world)
     assert now["demo-worker-0"] == before["demo-worker-0"] and now["demo-worker-2"] != before["demo-worker-2"]
     assert {pod["metadata"]["labels"][naming.ATTEMPT_LABEL] for pod in world.workers()} == {"1"}
+
+
+def test_workers_failing_together_re_form_once_with_an_event_each() -> None:
+    world = training(supervised_job(workers={"min": 1, "max": 4, "desired": 3}))
+    world.terminate("demo-worker-1", 1)
+    world.terminate("demo-worker-2", 137, "OOMKilled")
+    reformed = world.reconcile()
+    assert world.status["attempt"] == 1 and world.status["restarts"] == 1  # one failure event
+    assert sorted(e.reason for e in reformed.events if e.type == "Warning") == ["WorkerFailed", "WorkerOOMKilled"]

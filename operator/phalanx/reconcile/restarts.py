@@ -154,7 +154,9 @@ def reform_in_place(
             f"{taken}; {len(survivors) + len(takers)} worker(s) re-form the world in place as attempt {memory.attempt}"
         )
     message = f"{failure.message}; {how}"
-    actions += event("Warning", worker_event_reason(failure.reason), message)
+    # each failed worker its own Event, as when it is replaced; pods deleted from outside one
+    for one in [one for _, one in failures] or [failure]:
+        actions += event("Warning", worker_event_reason(one.reason), f"{one.message}; {how}")
     return Step(memory, actions, PhaseView("Restarting", failure.reason, message))
 
 
