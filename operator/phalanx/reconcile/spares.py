@@ -3,11 +3,12 @@ spares to create, record as failed or remove.
 
 A spare is a worker pod without a slot (``phalanx.dev/role: spare``) whose supervisor has done its
 imports and waits. One JSON patch promotes it (role, slot, attempt, rendezvous id; a ``Move`` with
-an index), and the kubelet hands the new labels to the supervisor, which starts the command. Lost
-workers whose slots ready spares can all take make the world re-form in place as a new attempt
-(``restarts.reform_with_spares``); otherwise an empty slot of the current attempt is filled by a
-ready spare in the pass that finds it empty, before its old pod is gone (``promotions``), and
-only when no spare is ready is a new worker pod created, as without spares.
+an index), and the kubelet hands the new labels to the supervisor, which starts the command.
+Workers lost while min survive make the world re-form in place as a new attempt, ready spares
+taking the lost slots in that pass (``restarts.reform_in_place``); any other empty slot of the
+current attempt is filled by a ready spare in the pass that finds it empty, before its old pod is
+gone (``promotions``), and only when no spare is ready is a new worker pod created, as without
+spares.
 
 New spares are created only once every slot holds a scheduled worker, so a spare never takes the
 place a worker of the gang needs. Spares join the PodGroup (as its members, not in ``minMember``)
