@@ -89,10 +89,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def read_pod_info(directory: Path) -> PodInfo | None:
-    """What ``directory`` says; None while the kubelet has not written it (or when the job does not
-    run the supervisor under phalanx). The kubelet swaps all the files at once, so one read sees
-    one update."""
+def _read_once(directory: Path) -> PodInfo | None:
     attempt = _read(directory / ATTEMPT_FILE)
     if attempt is None:
         return None
@@ -102,6 +99,19 @@ def read_pod_info(directory: Path) -> PodInfo | None:
         role=_read(directory / ROLE_FILE),
         worker_index=_read(directory / WORKER_INDEX_FILE),
     )
+
+
+def read_pod_info(directory: Path) -> PodInfo | None:
+    """What ``directory`` says; None while the kubelet has not written it (or when the job does not
+    run the supervisor under phalanx). The kubelet swaps the files together, but reading them one
+    by one may straddle a swap: the same answer twice in a row is one update."""
+    seen = _read_once(directory)
+    for _ in range(5):
+        again = _read_once(directory)
+        if again == seen:
+            break
+        seen = again
+    return seen
 
 
 def run_environment(base: Mapping[str, str], info: PodInfo | None) -> dict[str, str]:
