@@ -371,7 +371,7 @@ def test_operator_never_writes_spec_or_kopf_annotations(
     assert ("phalanx", "status") in managers
     assert not job["metadata"].get("finalizers")
     assert not [key for key in job["metadata"].get("annotations", {}) if "kopf" in key or "phalanx.dev" in key]
-    assert job["spec"]["workers"] == body["spec"]["workers"] | {"min": 2}
+    assert job["spec"]["workers"] == body["spec"]["workers"] | {"min": 2, "spares": 0}  # schema defaults
 
 
 def metric(text: str, series: str, **labels: str) -> float | None:
