@@ -214,3 +214,20 @@ def test_spares_join_the_pod_group_but_not_its_min_member() -> None:
     assert spare["metadata"]["labels"][naming.COSCHEDULING_POD_GROUP_LABEL] == "demo"
     [group] = [obj for obj in world.objects.values() if obj["kind"] == "PodGroup"]
     assert group["spec"]["minMember"] == 2
+
+
+def test_a_sigkill_after_the_re_formed_attempt_was_recorded_still_moves_and_promotes_once() -> None:
+    world = training(with_spares(1))
+    before = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in world.workers()}
+    world.terminate("demo-worker-1", 1)
+    world.carry_out(world.plan(), stop_after_status=True)  # the operator dies after the status write
+    assert world.status["attempt"] == 1 and world.status["restarts"] == 1
+    world.settle()
+    world.run()
+    world.reconcile()
+    assert world.status["restarts"] == 1 and world.status["attempt"] == 1  # nothing counted twice
+    assert world.status["phase"] == "Running"
+    slots = {slot_of(pod): pod["metadata"]["name"] for pod in world.workers()}
+    assert slots == {"0": "demo-worker-0", "1": "demo-spare-0", "2": "demo-worker-2"}
+    assert {pod["metadata"]["uid"] for pod in world.workers()} >= {before["demo-worker-0"], before["demo-worker-2"]}
+    assert {pod["metadata"]["labels"][naming.ATTEMPT_LABEL] for pod in world.workers()} == {"1"}

@@ -428,9 +428,8 @@ def worker_pod(
 
 def spare_pod(job: api.TrainingJob, launch: Launch, *, serial: int, attempt: int, avoid: Sequence[str] = ()) -> Object:
     """A warm spare: a worker pod without a slot (``phalanx.dev/role: spare``, no worker index),
-    whose supervisor imports what the command needs and waits to be promoted."""
-    if not launch.supervised or launch.launcher != "torchrun":
-        raise PlanningError("spec.workers.spares", spares_refusal(job.spec, launch))
+    whose supervisor imports what the command needs and waits to be promoted (``decide`` refuses a
+    spec that cannot have spares, ``spares_refusal``, before any is rendered)."""
     return worker_pod(job, launch, index=0, attempt=attempt, avoid=avoid, spare=serial)
 
 
