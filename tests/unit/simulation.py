@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJob
+from phalanx.cluster.cache import with_devices
 from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.observed import (
     Completion,
@@ -66,6 +69,8 @@ class World:
         self.node_capacity = ""  # the fingerprint of what the nodes offer (NodeCache.capacity)
         # each schedulable node's allocatable: by name, or a tuple (named node-0, node-1, ...)
         self.node_allocatable: tuple[dict[str, str], ...] | dict[str, dict[str, str]] = ()
+        # each node's DRA devices per class (DeviceCache.per_node), beside its allocatable
+        self.device_offers: Mapping[str, Mapping[str, Decimal]] = {}
         self.workload: QueuedWorkload | None = None  # what Kueue says about the current pod group
         self._uids = itertools.count(1)
         self.now = now
@@ -96,9 +101,10 @@ class World:
             refusals=dict(self.refusals),
             missing_apis=dict(self.missing_apis),
             node_capacity=self.node_capacity,
-            node_allocatable={
-                name: capacity.parse_allocatable(node) for name, node in self.named_allocatable().items()
-            },
+            node_allocatable=with_devices(
+                {name: capacity.parse_allocatable(node) for name, node in self.named_allocatable().items()},
+                self.device_offers,
+            ),
             workload=self.workload,
             node_loss=NodeLoss(
                 unready_since={node: self.unready_since.get(node, self.now) for node in self.unready_nodes},

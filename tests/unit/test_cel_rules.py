@@ -23,6 +23,44 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     ("nccl profile on cpu", {"network": {"profile": "tcp"}}, ".spec.network.profile", "needs GPUs"),
     ("rdma on cpu", {"network": {"rdma": {"resource": "rdma/hca"}}}, ".spec.network.rdma", "needs GPUs"),
     (
+        "gpus by device plugin and by DRA",
+        {"gpus": {"count": 2, "resource": "nvidia.com/gpu", "deviceClassName": "gpu.nvidia.com"}},
+        ".spec.gpus.deviceClassName",
+        "not both",
+    ),
+    ("a DRA class without gpus", {"gpus": {"deviceClassName": "gpu.nvidia.com"}}, ".spec.gpus.count", "count > 0"),
+    ("gpu selectors without DRA", {"gpus": {"count": 1, "selectors": ["true"]}}, ".spec.gpus.selectors", "DRA"),
+    (
+        "rdma by device plugin and by DRA",
+        {"gpus": {"count": 1}, "network": {"rdma": {"resource": "rdma/a", "deviceClassName": "rdma.example.com"}}},
+        ".spec.network.rdma.resource",
+        "exactly one of resource",
+    ),
+    (
+        "rdma with neither form",
+        {"gpus": {"count": 1}, "network": {"rdma": {}}},
+        ".spec.network.rdma.resource",
+        "exactly one",
+    ),
+    (
+        "a NIC aligned with device-plugin GPUs",
+        {
+            "gpus": {"count": 1},
+            "network": {"rdma": {"deviceClassName": "rdma.example.com", "matchAttribute": "a.io/root"}},
+        },
+        ".spec.network.rdma.matchAttribute",
+        "needs gpus.deviceClassName",
+    ),
+    (
+        "matchAttribute on a device-plugin NIC",
+        {
+            "gpus": {"count": 1, "deviceClassName": "g.io"},
+            "network": {"rdma": {"resource": "rdma/a", "matchAttribute": "a.io/root"}},
+        },
+        ".spec.network.rdma.matchAttribute",
+        "set deviceClassName",
+    ),
+    (
         "infiniband without rdma",
         {"gpus": {"count": 8}, "network": {"profile": "infiniband"}},
         ".spec.network.rdma",

@@ -49,7 +49,13 @@ def test_every_spec_and_status_field_is_described() -> None:
 def test_defaults_live_in_the_schema() -> None:
     spec = crd.trainingjob_schema()["properties"]["spec"]["properties"]
     assert spec["backend"]["default"] == "auto"
-    assert spec["gpus"]["properties"]["resource"]["default"] == "nvidia.com/gpu"
+    # gpus.resource is one side of a union with gpus.deviceClassName: a schema default would
+    # contradict every DRA job, so the operator derives it (and the description says so)
+    assert "default" not in spec["gpus"]["properties"]["resource"]
+    assert (
+        "When neither resource nor deviceClassName is set: nvidia.com/gpu"
+        in spec["gpus"]["properties"]["resource"]["description"]
+    )
     assert spec["rendezvous"]["properties"]["port"]["default"] == 29400
     assert spec["failurePolicy"]["default"] == {
         "maxRestarts": 3,

@@ -23,7 +23,7 @@ SUPERVISE = [sys.executable, "-m", "phalanx.worker.supervise"]
 def set_attempt(info: Path, attempt: int, *, role: str = "worker", slot: str = "0") -> None:
     """As the kubelet updates a downward-API volume: new files, switched in at once (the kubelet
     swaps the whole directory; the attempt file, which the supervisor reads first, goes last)."""
-    files = ((RENDEZVOUS_ID_FILE, f"job-{attempt}"), (ROLE_FILE, role), (WORKER_INDEX_FILE, slot))
+    files = ((RENDEZVOUS_ID_FILE, f"job-{attempt}"), (WORKER_INDEX_FILE, slot), (ROLE_FILE, role))
     for name, value in (*files, (ATTEMPT_FILE, str(attempt))):
         fresh = info / f".{name}.new"
         fresh.write_text(value)

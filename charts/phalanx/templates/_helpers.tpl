@@ -99,6 +99,12 @@ pods, then networkPolicy.jobs.scrapersFrom. */}}
 - apiGroups: [scheduling.x-k8s.io, scheduling.volcano.sh]
   resources: [podgroups]
   verbs: [get, list, watch, create, patch, delete]
+# DRA devices (gpus.deviceClassName, network.rdma.deviceClassName): each job's ResourceClaimTemplate,
+# created once and watched; delete for the same reason as Services. Claims are made from it by
+# Kubernetes' resource claim controller, never by the operator.
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaimtemplates]
+  verbs: [get, list, watch, create, patch, delete]
 {{- if .Values.networkPolicy.jobs.enabled }}
 # Each job's own NetworkPolicy (networkPolicy.jobs): created, applied when it drifts, watched.
 - apiGroups: [networking.k8s.io]

@@ -127,26 +127,118 @@ class Workers(ApiModel):
     gang.scheduler kueue. Spares belong to the PodGroup but not to its minMember."""
 
 
+DEVICE_CLASS_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+QUALIFIED_ATTRIBUTE_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9_]+$"
+MAX_DEVICE_SELECTORS = 8
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def device_selectors(what: str, example: str) -> Any:
+    """CEL selectors of a DRA device request (resource.k8s.io/v1 ``selectors[].cel.expression``)."""
+    return Field(
+        default=None,
+        max_length=MAX_DEVICE_SELECTORS,
+        json_schema_extra={"items": {"type": "string", "minLength": 1, "maxLength": 1024}},
+        description=f"CEL expressions every {what} must satisfy (a DRA request's selectors, all must "
+        f"hold), for example {example}; with deviceClassName only.",
+    )
+
+
 class Gpus(ApiModel):
-    """Accelerators requested by each worker."""
+    """Accelerators requested by each worker: a device plugin's extended resource (resource), or
+    devices allocated through Dynamic Resource Allocation (deviceClassName, Kubernetes 1.34+)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.resource) && has(self.deviceClassName))",
+                    field_path=".deviceClassName",
+                    message="set resource (a device plugin's extended resource) or deviceClassName "
+                    "(DRA devices), not both",
+                ),
+                cel(
+                    "!has(self.deviceClassName) || self.count > 0",
+                    field_path=".count",
+                    message="deviceClassName needs count > 0 (the devices each worker claims)",
+                ),
+                cel(
+                    "!has(self.selectors) || has(self.deviceClassName)",
+                    field_path=".selectors",
+                    message="selectors choose DRA devices: set deviceClassName",
+                ),
+            ]
+        }
+    )
 
     count: int = Field(default=0, ge=0, le=64)
     """GPUs per worker; 0 means a CPU job."""
 
-    resource: str = Field(default="nvidia.com/gpu", max_length=253, pattern=EXTENDED_RESOURCE_PATTERN)
+    resource: str | None = Field(default=None, max_length=253, pattern=EXTENDED_RESOURCE_PATTERN)
     """Extended resource name, for example nvidia.com/gpu, amd.com/gpu or a MIG name
-    such as nvidia.com/mig-1g.10gb."""
+    such as nvidia.com/mig-1g.10gb. When neither resource nor deviceClassName is set:
+    nvidia.com/gpu."""
+
+    device_class_name: str | None = Field(default=None, max_length=253, pattern=DEVICE_CLASS_PATTERN)
+    """A DRA DeviceClass (for example gpu.nvidia.com): each worker then gets a ResourceClaim for
+    count devices of this class, made from a ResourceClaimTemplate the job owns (named
+    <job>-devices) and referenced by the trainer container. The claim goes with its pod."""
+
+    selectors: list[str] | None = device_selectors(
+        "GPU", 'device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA H100")'
+    )
+
+    def extended_resource(self) -> str | None:
+        """The device plugin's resource the workers request (None: none, or DRA devices)."""
+        if self.count == 0 or self.device_class_name is not None:
+            return None
+        return self.resource or DEFAULT_GPU_RESOURCE
 
 
 class RdmaDevices(ApiModel):
-    """The RDMA device resource a worker needs for InfiniBand, RoCE or EFA."""
+    """The RDMA device a worker needs for InfiniBand, RoCE or EFA: a device plugin's extended
+    resource (resource), or a DRA device class (deviceClassName)."""
 
-    resource: str = Field(max_length=253, pattern=EXTENDED_RESOURCE_PATTERN)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.resource) != has(self.deviceClassName)",
+                    field_path=".resource",
+                    message="set exactly one of resource (a device plugin's extended resource) and "
+                    "deviceClassName (a DRA device class)",
+                ),
+                cel(
+                    "!has(self.selectors) || has(self.deviceClassName)",
+                    field_path=".selectors",
+                    message="selectors choose DRA devices: set deviceClassName",
+                ),
+                cel(
+                    "!has(self.matchAttribute) || has(self.deviceClassName)",
+                    field_path=".matchAttribute",
+                    message="matchAttribute aligns DRA devices: set deviceClassName",
+                ),
+            ]
+        }
+    )
+
+    resource: str | None = Field(default=None, max_length=253, pattern=EXTENDED_RESOURCE_PATTERN)
     """Extended resource published by the cluster's RDMA device plugin, for example
     rdma/rdma_shared_device_a, nvidia.com/mlnxnics or vpc.amazonaws.com/efa."""
 
+    device_class_name: str | None = Field(default=None, max_length=253, pattern=DEVICE_CLASS_PATTERN)
+    """A DRA DeviceClass of RDMA NICs: the NICs join the GPUs' requests in the worker's claim."""
+
     count: int = Field(default=1, ge=1, le=64)
     """Devices per worker."""
+
+    selectors: list[str] | None = device_selectors("NIC", 'device.attributes["dra.net"].rdma == true')
+
+    match_attribute: str | None = Field(default=None, max_length=128, pattern=QUALIFIED_ATTRIBUTE_PATTERN)
+    """A device attribute the GPUs and NICs of a worker must share (a DRA constraint), for example
+    resource.kubernetes.io/pcieRoot so that each NIC sits on its GPU's PCIe root. With as many
+    NICs as GPUs, GPU i and NIC i are paired (one constraint each); otherwise all of the worker's
+    GPUs and NICs share the value. Needs gpus.deviceClassName."""
 
 
 class Network(ApiModel):
@@ -436,6 +528,13 @@ class TrainingJobSpec(ApiModel):
                     "!has(self.network.rdma) || self.gpus.count > 0",
                     field_path=".network.rdma",
                     message="network.rdma needs GPUs (gpus.count > 0)",
+                ),
+                cel(
+                    "!has(self.network.rdma) || !has(self.network.rdma.matchAttribute) || "
+                    "has(self.gpus.deviceClassName)",
+                    field_path=".network.rdma.matchAttribute",
+                    message="network.rdma.matchAttribute aligns the NICs with the GPUs in one claim: "
+                    "it needs gpus.deviceClassName (DRA GPUs)",
                 ),
                 cel(
                     "!has(self.procsPerWorker) || self.gpus.count == 0 || self.procsPerWorker <= self.gpus.count",

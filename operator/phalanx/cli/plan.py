@@ -52,7 +52,9 @@ def _resources(pod: dict[str, Any]) -> str:
         resources = container.get("resources") or {}
         for name, value in {**(resources.get("limits") or {}), **(resources.get("requests") or {})}.items():
             requests.setdefault(name, str(value))
-    return ", ".join(f"{name} {value}" for name, value in sorted(requests.items())) or "no requests"
+    shown = [f"{name} {value}" for name, value in sorted(requests.items())]
+    shown += [f"DRA claim {claim['name']}" for claim in pod["spec"].get("resourceClaims") or []]
+    return ", ".join(shown) or "no requests"
 
 
 def _launch_line(result: Preview) -> str:
@@ -69,7 +71,10 @@ def _launch_line(result: Preview) -> str:
 
 def _transport_line(result: Preview) -> str:
     launch, spec = result.launch, result.job.spec
-    gpus = f"{spec.gpus.count} x {spec.gpus.resource} per worker" if spec.gpus.count else "CPU only"
+    if spec.gpus.device_class_name is not None:
+        gpus = f"{spec.gpus.count} x DRA devices of class {spec.gpus.device_class_name} per worker"
+    else:
+        gpus = f"{spec.gpus.count} x {spec.gpus.extended_resource()} per worker" if spec.gpus.count else "CPU only"
     transport = {
         "gloo": "gloo over TCP, no NCCL",
         "tcp": "nccl over TCP sockets",
@@ -112,6 +117,24 @@ def _object_line(obj: dict[str, Any], result: Preview) -> str:
         spec = obj["spec"]
         resources = ", ".join(f"{k} {v}" for k, v in (spec.get("minResources") or {}).items())
         return f"PodGroup {name} ({obj['apiVersion']}): minMember {spec['minMember']}; minResources {resources}"
+    if obj["kind"] == "ResourceClaimTemplate":
+        devices = obj["spec"]["spec"]["devices"]
+        requests = "; ".join(
+            f"{request['name']}: {request['exactly']['count']} x {request['exactly']['deviceClassName']}"
+            + (
+                f" where {' && '.join(s['cel']['expression'] for s in request['exactly']['selectors'])}"
+                if request["exactly"].get("selectors")
+                else ""
+            )
+            for request in devices["requests"]
+        )
+        shared = "; ".join(
+            f"{'+'.join(c['requests'])} share {c['matchAttribute']}" for c in devices.get("constraints") or []
+        )
+        return (
+            f"ResourceClaimTemplate {name} ({obj['apiVersion']}): one claim per worker pod, gone with it; "
+            f"{requests}" + (f"; {shared}" if shared else "")
+        )
     if obj["kind"] == "Service":
         port = obj["spec"]["ports"][0]["port"]
         what = "the rendezvous store" if name == result.store()["metadata"]["name"] else "worker DNS names"

@@ -1,5 +1,5 @@
-"""In-memory views of what the informers deliver: TrainingJobs, their children, the nodes, Kueue's
-Workloads.
+"""In-memory views of what the informers deliver: TrainingJobs, their children, the nodes, the DRA
+devices drivers publish, Kueue's Workloads.
 
 Children are kept as compact records (see ``reconcile.observed``), indexed by the UID of the
 TrainingJob that controls them (their controller owner reference), never by name: a job deleted
@@ -607,6 +607,92 @@ def _offer(node: Mapping[str, Any]) -> str | None:
         if t.get("effect") in ("NoSchedule", "NoExecute")
     )
     return json.dumps([sorted(allocatable.items()), taints], separators=(",", ":"))
+
+
+class DeviceCache(ListedSink):
+    """What DRA drivers publish, for the capacity judgement: a compact record of each ResourceSlice
+    and the driver each DeviceClass selects (``capacity.class_driver``).
+
+    ``on_capacity()`` is called when the devices a class offers may have changed.
+    """
+
+    SLICE = child_kind("resource.k8s.io/v1", "ResourceSlice")
+    CLASS = child_kind("resource.k8s.io/v1", "DeviceClass")
+
+    def __init__(self, on_capacity: Callable[[], None] | None = None) -> None:
+        self._slices: dict[str, capacity.SliceRecord] = {}
+        self._drivers: dict[str, str | None] = {}  # DeviceClass -> the driver it selects
+        self._view: Mapping[str, Mapping[str, Decimal]] | None = None
+        self._fingerprint: str | None = None
+        self._on_capacity = on_capacity
+
+    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
+        """Fold one event in; True when what it says of devices changed."""
+        name = str(body.get("metadata", {}).get("name", ""))
+        kind = child_kind(str(body.get("apiVersion") or ""), str(body.get("kind") or ""))
+        gone = event_type == "DELETED"
+        if kind == self.SLICE:
+            changed = self._set(self._slices, name, None if gone else capacity.slice_record(body))
+        elif kind == self.CLASS:
+            if gone:
+                changed = self._drivers.pop(name, "-") != "-"
+            else:
+                driver = capacity.class_driver(body)
+                changed = name not in self._drivers or self._drivers[name] != driver
+                self._drivers[name] = driver
+        else:
+            return False
+        if changed:
+            self._changed()
+        return changed
+
+    @staticmethod
+    def _set(records: dict[str, capacity.SliceRecord], name: str, record: capacity.SliceRecord | None) -> bool:
+        if record is None:
+            return records.pop(name, None) is not None
+        if records.get(name) == record:
+            return False
+        records[name] = record
+        return True
+
+    def _changed(self) -> None:
+        self._view = None
+        self._fingerprint = None
+        if self._on_capacity is not None:
+            self._on_capacity()
+
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str) -> None:
+        names = {name for _, name in listed} if version else set()
+        known: dict[str, Any] = self._slices if kind == self.SLICE else self._drivers
+        stale = [name for name in known if name not in names]
+        for name in stale:
+            del known[name]
+        if stale:
+            self._changed()
+
+    def per_node(self) -> Mapping[str, Mapping[str, Decimal]]:
+        """Node -> DRA devices per DeviceClass on it (``capacity.devices_per_node``; read-only)."""
+        if self._view is None:
+            self._view = MappingProxyType(capacity.devices_per_node(self._slices.values(), self._drivers))
+        return self._view
+
+    def fingerprint(self) -> str:
+        """A short digest of the devices on offer ("" when none is known)."""
+        if self._fingerprint is None:
+            offers = sorted((node, sorted(per_class.items())) for node, per_class in self.per_node().items())
+            listing = json.dumps(offers, default=str, separators=(",", ":"))
+            self._fingerprint = hashlib.sha256(listing.encode()).hexdigest()[:16] if offers else ""
+        return self._fingerprint
+
+
+def with_devices(
+    allocatable: Mapping[str, Mapping[str, Decimal]], devices: Mapping[str, Mapping[str, Decimal]]
+) -> Mapping[str, Mapping[str, Decimal]]:
+    """Each schedulable node's allocatable with its DRA devices per class beside it (nodes that are
+    not schedulable offer no devices either)."""
+    if not devices:
+        return allocatable
+    return {name: {**offer, **devices.get(name, {})} for name, offer in allocatable.items()}
 
 
 class WorkloadCache(ListedSink):

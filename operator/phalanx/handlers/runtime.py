@@ -10,6 +10,7 @@ exported (``phalanx_watch_scope_synced``) and shown by the health probe.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Awaitable, Callable, Sequence
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
 from phalanx.cluster.apply import Execution, RefusalMemory, StatusPacer
-from phalanx.cluster.cache import ChildCache, JobCache, JobKey, NodeCache, WorkloadCache
+from phalanx.cluster.cache import ChildCache, DeviceCache, JobCache, JobKey, NodeCache, WorkloadCache, with_devices
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource
@@ -41,6 +42,9 @@ VOLCANO_POD_GROUPS = Resource("scheduling.volcano.sh/v1beta1", "podgroups", "Pod
 NODES = Resource("v1", "nodes", "Node", namespaced=False)
 KUEUE_WORKLOADS = Resource("kueue.x-k8s.io/v1beta2", "workloads", "Workload")
 NETWORK_POLICIES = Resource(desired.NETWORK_POLICY_API, "networkpolicies", "NetworkPolicy")
+DEVICE_CLAIM_TEMPLATES = Resource(desired.RESOURCE_API, "resourceclaimtemplates", "ResourceClaimTemplate")
+RESOURCE_SLICES = Resource(desired.RESOURCE_API, "resourceslices", "ResourceSlice", namespaced=False)
+DEVICE_CLASSES = Resource(desired.RESOURCE_API, "deviceclasses", "DeviceClass", namespaced=False)
 
 
 def watched_namespaces() -> tuple[str, ...] | None:
@@ -87,6 +91,7 @@ class Runtime:
     children: ChildCache = field(default_factory=ChildCache)
     nodes: NodeCache = field(default_factory=NodeCache)
     workloads: WorkloadCache = field(default_factory=WorkloadCache)
+    devices: DeviceCache = field(default_factory=DeviceCache)
     refusals: RefusalMemory = field(default_factory=RefusalMemory)
     pacer: StatusPacer = field(default_factory=StatusPacer)
     progress: ProgressPoller | None = None  # None when PHALANX_PROGRESS_INTERVAL_SECONDS is 0
@@ -117,6 +122,7 @@ class Runtime:
         runtime.children = ChildCache(on_change=runtime._child_changed, on_pod_gone=runtime._pod_gone)
         runtime.nodes = NodeCache(on_change=runtime._node_changed, on_capacity=runtime._capacity_changed)
         runtime.workloads = WorkloadCache(on_change=runtime._workload_changed)
+        runtime.devices = DeviceCache(on_capacity=runtime._capacity_changed)
         owned = naming.JOB_NAME_LABEL  # only our children cross the wire
         scopes: Sequence[str | None] = tuple(namespaces) if namespaces else (None,)
         isolating = ((NETWORK_POLICIES, runtime.children, owned, False),) if runtime.isolation is not None else ()
@@ -127,6 +133,7 @@ class Runtime:
                 (SERVICES, runtime.children, owned, False),
                 (COSCHEDULING_POD_GROUPS, runtime.children, owned, True),
                 (VOLCANO_POD_GROUPS, runtime.children, owned, True),
+                (DEVICE_CLAIM_TEMPLATES, runtime.children, owned, True),  # DRA: Kubernetes 1.34+
                 (KUEUE_WORKLOADS, runtime.workloads, None, True),  # named after our pod groups, not labelled
                 *isolating,
             ):
@@ -143,16 +150,21 @@ class Runtime:
                     )
                 )
         if watch_nodes:
-            runtime.informers.append(
-                Informer(
-                    client,
-                    NODES,
-                    runtime.nodes,
-                    watch_seconds=watch_seconds,
-                    on_change=runtime._informer_changed,
-                    optional=True,
+            for resource, cluster_sink in (
+                (NODES, runtime.nodes),
+                (RESOURCE_SLICES, runtime.devices),  # DRA devices, for the capacity judgement
+                (DEVICE_CLASSES, runtime.devices),
+            ):
+                runtime.informers.append(
+                    Informer(
+                        client,
+                        resource,
+                        cluster_sink,
+                        watch_seconds=watch_seconds,
+                        on_change=runtime._informer_changed,
+                        optional=True,
+                    )
                 )
-            )
         return runtime
 
     def background(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
@@ -243,12 +255,22 @@ class Runtime:
         return [scope or "cluster" for scope in self.scopes() if not self.synced(scope)]
 
     def missing_apis(self, namespace: str) -> dict[str, str]:
-        """PodGroup APIs the operator cannot use in a namespace, with the reason."""
+        """APIs of optional children (PodGroups, ResourceClaimTemplates) the operator cannot use in
+        a namespace, with the reason."""
         return {
             informer.resource.api_version: informer.absent_reason
             for informer in self.informers
-            if informer.absent and informer.resource.kind == "PodGroup" and informer.namespace in (None, namespace)
+            if informer.absent
+            and informer.resource.kind in ("PodGroup", "ResourceClaimTemplate")
+            and informer.namespace in (None, namespace)
         }
+
+    def capacity(self) -> str:
+        """The fingerprint of what schedulable nodes offer, their DRA devices included."""
+        nodes, devices = self.nodes.capacity(), self.devices.fingerprint()
+        if not (nodes and devices):
+            return nodes  # "": no node known, nothing to judge
+        return hashlib.sha256(f"{nodes}/{devices}".encode()).hexdigest()[:16]
 
     def observe(self, job: api.TrainingJob) -> Observed:
         key = (job.metadata.namespace, job.metadata.name)
@@ -261,8 +283,8 @@ class Runtime:
             completion=self.progress.completion(key) if self.progress is not None else None,
             refusals=self.refusals.of(job.metadata.uid),
             missing_apis=self.missing_apis(job.metadata.namespace),
-            node_capacity=self.nodes.capacity(),
-            node_allocatable=self.nodes.allocatable(),
+            node_capacity=self.capacity(),
+            node_allocatable=with_devices(self.nodes.allocatable(), self.devices.per_node()),
             workload=self.workloads.get(
                 job.metadata.namespace, naming.kueue_group_name(job.metadata.name, job.status.attempt)
             )

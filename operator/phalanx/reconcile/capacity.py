@@ -9,8 +9,11 @@ while it could still be scheduled.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from phalanx.reconcile.quantity import QuantityError, format_quantity, parse_quantity
 
@@ -49,6 +52,12 @@ def _readable(value: Decimal) -> str:
     return format_quantity(value)
 
 
+def _amount(name: str, value: Decimal) -> str:
+    if name.startswith(DEVICE_CLASS_RESOURCE):
+        return f"{format_quantity(value)} device(s) of class {name.removeprefix(DEVICE_CLASS_RESOURCE)}"
+    return f"{name} {_readable(value)}"
+
+
 def shortfall(per_worker: Mapping[str, Decimal], nodes: tuple[Mapping[str, Decimal], ...], wanted: int) -> str | None:
     """Why ``wanted`` workers can never all be placed, or None when they might be."""
     if not nodes:
@@ -56,10 +65,85 @@ def shortfall(per_worker: Mapping[str, Decimal], nodes: tuple[Mapping[str, Decim
     fits = workers_that_fit(per_worker, nodes)
     if fits < 0 or fits >= wanted:
         return None
-    size = ", ".join(f"{name} {_readable(value)}" for name, value in sorted(per_worker.items()) if value > 0)
+    size = ", ".join(_amount(name, value) for name, value in sorted(per_worker.items()) if value > 0)
     if fits == 0:
         return f"no schedulable node can hold a worker ({size}); add such a node or ask for less"
     return (
         f"the {len(nodes)} schedulable node(s) can hold at most {fits} worker(s) of this size ({size}), "
         f"fewer than the {wanted} wanted; add nodes or lower workers.desired"
     )
+
+
+DEVICE_CLASS_RESOURCE = "deviceclass.resource.k8s.io/"
+"""Prefix of the pseudo-resource that counts a node's DRA devices of one DeviceClass beside its
+allocatable (``<prefix><class>``), so that one comparison judges extended resources and devices."""
+
+_DRIVER_SELECTOR = re.compile(r"""^\s*device\.driver\s*==\s*(?:"([^"\\]+)"|'([^'\\]+)')\s*$""")
+
+
+def device_class_resource(class_name: str) -> str:
+    return DEVICE_CLASS_RESOURCE + class_name
+
+
+def class_driver(device_class: Mapping[str, Any]) -> str | None:
+    """The driver a DeviceClass selects by a ``device.driver == "..."`` selector (the form DRA
+    drivers ship), or None when it selects otherwise: its devices are then not counted and no
+    judgement is made for it (CEL is the scheduler's to evaluate; a guess might refuse a job
+    that fits)."""
+    for selector in (device_class.get("spec") or {}).get("selectors") or []:
+        match = _DRIVER_SELECTOR.match(str(((selector or {}).get("cel") or {}).get("expression") or ""))
+        if match:
+            return match.group(1) or match.group(2)
+    return None
+
+
+@dataclass(frozen=True)
+class SliceRecord:
+    """What the capacity judgement keeps of a ResourceSlice."""
+
+    driver: str
+    pool: str
+    generation: int
+    node: str | None
+    """The node whose devices it lists; None for devices reachable from several nodes."""
+    devices: int
+
+
+def slice_record(body: Mapping[str, Any]) -> SliceRecord:
+    spec = body.get("spec") or {}
+    pool = spec.get("pool") or {}
+    return SliceRecord(
+        driver=str(spec.get("driver") or ""),
+        pool=str(pool.get("name") or ""),
+        generation=int(pool.get("generation") or 0),
+        node=spec.get("nodeName") or None,
+        devices=len(spec.get("devices") or []),
+    )
+
+
+def devices_per_node(slices: Iterable[SliceRecord], drivers: Mapping[str, str | None]) -> dict[str, dict[str, Decimal]]:
+    """Node -> (``device_class_resource(class)`` -> devices of the class's driver on it), for the
+    DeviceClasses whose driver is known (``drivers``: class -> driver). Only a pool's newest
+    generation counts. A driver with devices that are not bound to one node (network-attached,
+    a node selector) is left out: its devices could be anywhere, so nothing can be said. Devices
+    are counted without the requests' own selectors, which errs towards "it may fit"."""
+    slices = list(slices)
+    newest: dict[tuple[str, str], int] = {}
+    for record in slices:
+        key = (record.driver, record.pool)
+        newest[key] = max(newest.get(key, record.generation), record.generation)
+    unbound = {record.driver for record in slices if record.node is None}
+    counts: dict[str, dict[str, int]] = {}  # node -> driver -> devices
+    for record in slices:
+        if record.node is None or record.driver in unbound or record.generation < newest[(record.driver, record.pool)]:
+            continue
+        per_driver = counts.setdefault(record.node, {})
+        per_driver[record.driver] = per_driver.get(record.driver, 0) + record.devices
+    published = {driver for per_driver in counts.values() for driver in per_driver}
+    offers: dict[str, dict[str, Decimal]] = {}
+    for class_name, driver in drivers.items():
+        if driver is None or driver not in published:
+            continue
+        for node, per_driver in counts.items():
+            offers.setdefault(node, {})[device_class_resource(class_name)] = Decimal(per_driver.get(driver, 0))
+    return offers

@@ -42,6 +42,7 @@ from phalanx.reconcile import creation, desired, naming, restarts, spares
 from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
 from phalanx.reconcile.creation import Wanted
 from phalanx.reconcile.decision import Context, Decision, Memory, Step, concluded, finish, wind_down
+from phalanx.reconcile.desired import Object
 from phalanx.reconcile.environment import Launch, resolve_launch
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.observed import Observed, PodRecord, child_kind
@@ -117,19 +118,18 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
     if step.view is not None:
         return Decision(step.view, memory, actions, stall=stall)
 
-    if group is not None and group["apiVersion"] in observed.missing_apis:
-        why = observed.missing_apis[group["apiVersion"]]
-        message = (
-            f"gang.scheduler is {spec.gang.scheduler}, but PodGroups ({group['apiVersion']}) are {why}: "
-            f"install {spec.gang.scheduler} or set gang.scheduler to none; the job starts once the API is there"
-        )
-        return Decision(
-            PhaseView("Pending", "GangSchedulerUnavailable", message),
-            memory,
-            actions,
-            stall=("GangSchedulerUnavailable", message),
-        )
-    wanted = [
+    devices = desired.device_claim_template(job)
+    unavailable = missing_api(context, group, devices)
+    if unavailable is not None:
+        reason, message = unavailable
+        return Decision(PhaseView("Pending", reason, message), memory, actions, stall=(reason, message))
+    # the claim template never changes (gpus and network are immutable): created when missing
+    # (again if someone deletes it), never applied over (the API server refuses changes to its spec)
+    devices_missing = devices is not None and not observed.has(
+        child_kind(devices["apiVersion"], devices["kind"]), devices["metadata"]["name"]
+    )
+    wanted = [Wanted(devices, create_only=True)] if devices is not None and devices_missing else []
+    wanted += [
         Wanted(obj)
         for obj in (group, desired.job_network_policy(job, launch, observed.isolation), *services)
         if obj is not None
@@ -190,6 +190,13 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         child_kind(group["apiVersion"], group["kind"]), group["metadata"]["name"]
     ):
         return held(PhaseView("Pending", "WaitingForPodGroup", "waiting for the PodGroup to exist"))
+    if devices_missing:
+        # a worker whose claim template is missing would wait unschedulable without a word of why
+        return held(
+            PhaseView(
+                "Pending", "WaitingForDeviceClaims", "waiting for the ResourceClaimTemplate of the workers' devices"
+            )
+        )
 
     resized = kueue_group_resized(context, current)
     if resized is not None:
@@ -221,6 +228,26 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         stall=step.stall or stall,
         rescaled=rescaled,
     )
+
+
+def missing_api(context: Context, group: Object | None, devices: Object | None) -> tuple[str, str] | None:
+    """Why the job cannot start because an API it needs is not served or not permitted (reason,
+    message), or None: the gang scheduler's PodGroups, the ResourceClaimTemplates of DRA devices."""
+    missing, spec = context.observed.missing_apis, context.job.spec
+    if group is not None and group["apiVersion"] in missing:
+        why = missing[group["apiVersion"]]
+        return "GangSchedulerUnavailable", (
+            f"gang.scheduler is {spec.gang.scheduler}, but PodGroups ({group['apiVersion']}) are {why}: "
+            f"install {spec.gang.scheduler} or set gang.scheduler to none; the job starts once the API is there"
+        )
+    if devices is not None and devices["apiVersion"] in missing:
+        why = missing[devices["apiVersion"]]
+        return "DevicesUnavailable", (
+            f"the job asks for DRA devices (gpus.deviceClassName or network.rdma.deviceClassName), but "
+            f"ResourceClaimTemplates ({devices['apiVersion']}) are {why}: DRA needs Kubernetes 1.34 or later "
+            "(or ask for GPUs by gpus.resource); the job starts once the API is there"
+        )
+    return None
 
 
 def node_capacity_stamp(context: Context) -> tuple[str | None, Actions]:

@@ -18,7 +18,7 @@ from decimal import Decimal
 from typing import Any
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import naming
+from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.environment import (
     CHECKPOINT_VOLUME,
     SHM_VOLUME,
@@ -35,6 +35,9 @@ from phalanx.reconcile.quantity import QuantityError, format_quantity, parse_qua
 Object = dict[str, Any]
 
 COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"
+RESOURCE_API = "resource.k8s.io/v1"
+GPU_REQUEST = "gpus"
+NIC_REQUEST = "nics"
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
 NETWORK_POLICY_API = "networking.k8s.io/v1"
 STORE_CONTAINER = "store"
@@ -186,6 +189,61 @@ def _template_spec(job: api.TrainingJob) -> dict[str, Any]:
     return job.spec.template.spec.model_dump(by_alias=True, exclude_none=True)
 
 
+def _device_request(name: str, class_name: str, count: int, selectors: Sequence[str] | None) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": class_name, "allocationMode": "ExactCount", "count": count}
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": expression}} for expression in selectors]
+    return {"name": name, "exactly": exactly}
+
+
+def device_claim_template(job: api.TrainingJob) -> Object | None:
+    """The ResourceClaimTemplate of the job's DRA devices (None when it asks for none): the GPUs
+    of gpus.deviceClassName and the NICs of network.rdma.deviceClassName, in one claim so that a
+    matchAttribute constraint can align them. With as many NICs as GPUs each GPU gets its own
+    request and NIC, paired by a constraint of their own (GPU i shares the attribute with NIC i);
+    otherwise one constraint holds for all of them."""
+    gpus, rdma = job.spec.gpus, job.spec.network.rdma
+    gpu_class = gpus.device_class_name
+    nic_class = rdma.device_class_name if rdma is not None else None
+    if gpu_class is None and nic_class is None:
+        return None
+    requests: list[dict[str, Any]] = []
+    constraints: list[dict[str, Any]] = []
+    aligned = rdma.match_attribute if rdma is not None and gpu_class is not None else None
+    if (
+        rdma is not None
+        and gpu_class is not None
+        and nic_class is not None
+        and aligned is not None
+        and (rdma.count == gpus.count > 1)
+    ):
+        for index in range(gpus.count):
+            gpu, nic = f"{GPU_REQUEST}-{index}", f"{NIC_REQUEST}-{index}"
+            requests.append(_device_request(gpu, gpu_class, 1, gpus.selectors))
+            requests.append(_device_request(nic, nic_class, 1, rdma.selectors))
+            constraints.append({"requests": [gpu, nic], "matchAttribute": aligned})
+    else:
+        if gpu_class is not None:
+            requests.append(_device_request(GPU_REQUEST, gpu_class, gpus.count, gpus.selectors))
+        if rdma is not None and nic_class is not None:
+            requests.append(_device_request(NIC_REQUEST, nic_class, rdma.count, rdma.selectors))
+            if aligned is not None:
+                constraints.append({"requests": [GPU_REQUEST, NIC_REQUEST], "matchAttribute": aligned})
+    devices: dict[str, Any] = {"requests": requests}
+    if constraints:
+        devices["constraints"] = constraints
+    name = naming.device_claim_template_name(job.metadata.name)
+    return _finish(
+        {
+            "apiVersion": RESOURCE_API,
+            "kind": "ResourceClaimTemplate",
+            "metadata": _metadata(job, name),
+            # claims made from it carry the job's labels, so kubectl finds them by job
+            "spec": {"metadata": {"labels": naming.job_labels(job.metadata.name)}, "spec": {"devices": devices}},
+        }
+    )
+
+
 def pod_info_volume() -> dict[str, Any]:
     """What phalanx-supervise reads: the pod's attempt, rendezvous id, role and slot, which the
     kubelet rewrites when the operator changes them (a pod kept through a gang restart, a spare
@@ -291,11 +349,16 @@ def _trainer_container(
     container["env"] = merge_env(ours, container.get("env"))
     resources = container.setdefault("resources", {})
     extra: dict[str, str] = dict(profile.extra_limits)
-    if spec.gpus.count > 0:
-        extra[spec.gpus.resource] = str(spec.gpus.count)
+    gpu_resource = spec.gpus.extended_resource()
+    if gpu_resource is not None:
+        extra[gpu_resource] = str(spec.gpus.count)
     for kind in ("requests", "limits"):
         if extra:
             resources[kind] = {**(resources.get(kind) or {}), **extra}
+    if device_claim_template(job) is not None:
+        claims = resources.setdefault("claims", [])
+        if {"name": naming.DEVICE_CLAIM} not in claims:
+            claims.append({"name": naming.DEVICE_CLAIM})
     if profile.ipc_lock:
         security = container.setdefault("securityContext", {})
         capabilities = security.setdefault("capabilities", {})
@@ -375,10 +438,24 @@ def worker_pod(
         volumes.append(pod_info_volume())
     if not volumes:
         template.pop("volumes")
+    if device_claim_template(job) is not None:
+        claims = template.setdefault("resourceClaims", [])
+        if any(claim.get("name") == naming.DEVICE_CLAIM for claim in claims):
+            raise PlanningError(
+                "spec.template.spec.resourceClaims",
+                f"the claim name {naming.DEVICE_CLAIM!r} is the job's own (its DRA devices); name yours otherwise",
+            )
+        claims.append(
+            {
+                "name": naming.DEVICE_CLAIM,
+                "resourceClaimTemplateName": naming.device_claim_template_name(job.metadata.name),
+            }
+        )
 
-    if spec.gpus.count > 0:
+    gpu_resource = spec.gpus.extended_resource()
+    if gpu_resource is not None:
         tolerations = template.setdefault("tolerations", [])
-        toleration = {"key": spec.gpus.resource, "operator": "Exists", "effect": "NoSchedule"}
+        toleration = {"key": gpu_resource, "operator": "Exists", "effect": "NoSchedule"}
         if toleration not in tolerations:
             tolerations.append(toleration)
 
@@ -468,6 +545,21 @@ def _pod_requests(pod_spec: dict[str, Any]) -> dict[str, Decimal]:
 def worker_requests(job: api.TrainingJob, launch: Launch) -> dict[str, Decimal]:
     """What one worker asks the scheduler for (limits stand in for missing requests)."""
     return _pod_requests(worker_pod(job, launch, index=0, attempt=0)["spec"])
+
+
+def worker_demand(job: api.TrainingJob, launch: Launch) -> dict[str, Decimal]:
+    """What one worker needs of a node, for the capacity judgement: its requests, and its DRA
+    devices counted per DeviceClass (``capacity.device_class_resource``)."""
+    demand = worker_requests(job, launch)
+    gpus, rdma = job.spec.gpus, job.spec.network.rdma
+    claimed = [(gpus.device_class_name, gpus.count)]
+    if rdma is not None:
+        claimed.append((rdma.device_class_name, rdma.count))
+    for class_name, count in claimed:
+        if class_name is not None:
+            key = capacity.device_class_resource(class_name)
+            demand[key] = demand.get(key, Decimal(0)) + count
+    return demand
 
 
 def pod_group(job: api.TrainingJob, launch: Launch, node_capacity: str | None = None) -> Object | None:

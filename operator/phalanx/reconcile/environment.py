@@ -114,10 +114,12 @@ def resolve_launch(spec: api.TrainingJobSpec) -> Launch:
     index = trainer_container_index(spec)
     container = spec.template.spec.containers[index].model_dump(by_alias=True)
     limits = (container.get("resources") or {}).get("limits") or {}
-    if spec.gpus.resource in limits or spec.gpus.resource in ((container.get("resources") or {}).get("requests") or {}):
+    # GPUs come from spec.gpus alone (its count decides NCCL and the processes), in either form
+    resource = spec.gpus.resource or api.DEFAULT_GPU_RESOURCE
+    if resource in limits or resource in ((container.get("resources") or {}).get("requests") or {}):
         raise PlanningError(
             f"spec.template.spec.containers[{index}].resources",
-            f"{spec.gpus.resource} is set by spec.gpus; remove it from the container",
+            f"{resource} is set by spec.gpus; remove it from the container",
         )
     cpu = _cpu_of(container, index)
     omp = max(1, int(cpu // procs)) if cpu is not None else None
@@ -159,7 +161,7 @@ def transport_profile(spec: api.TrainingJobSpec, launch: Launch, namespace: str)
     if launch.transport == "tcp":
         env.update({"NCCL_IB_DISABLE": "1", "NCCL_NET": "Socket"})
         return TransportProfile(env=env, memory_shm=True)
-    limits = {network.rdma.resource: str(network.rdma.count)} if network.rdma else {}
+    limits = {network.rdma.resource: str(network.rdma.count)} if network.rdma and network.rdma.resource else {}
     annotations = {}
     if network.multus_networks:
         qualified = [name if "/" in name else f"{namespace}/{name}" for name in network.multus_networks]

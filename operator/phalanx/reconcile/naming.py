@@ -84,6 +84,15 @@ def master_address(job_name: str, namespace: str) -> str:
     return f"{worker_pod_name(job_name, 0)}.{workers_service_name(job_name)}.{namespace}.svc"
 
 
+DEVICE_CLAIM = "devices"
+"""The name of the pod's resource claim (and of the trainer container's reference to it)."""
+
+
+def device_claim_template_name(job_name: str) -> str:
+    """The job's ResourceClaimTemplate (DRA devices), from which each worker's claim is made."""
+    return f"{job_name}-devices"
+
+
 def pod_group_name(job_name: str) -> str:
     """The gang's PodGroup (scheduler-plugins or Volcano) lives as long as the job."""
     return job_name

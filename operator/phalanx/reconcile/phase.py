@@ -156,7 +156,7 @@ def beyond_capacity(context: Context, launch: Launch, step: Step, current: list[
         return replace(step, view=PhaseView(view.phase, *stall), stall=stall)
     if not any(pod.unschedulable_message for pod in current if pod.active):
         return step  # the scheduler has not given up on any worker
-    per_worker = desired.worker_requests(context.job, launch)
+    per_worker = desired.worker_demand(context.job, launch)
     nodes = context.observed.node_allocatable
     why = capacity.shortfall(per_worker, tuple(nodes.values()), context.spec.workers.desired)
     if why is not None:

@@ -1,7 +1,8 @@
 """What the operator creates for a TrainingJob, rendered without a cluster (``phalanx plan``).
 
 The objects come from the same builders the planner's first passes use, in the order it creates
-them: the gang's PodGroup, the Services, the rendezvous store, then every worker of attempt 0.
+them: the ResourceClaimTemplate of DRA devices, the gang's PodGroup, the Services, the rendezvous
+store, then every worker of attempt 0.
 Only what the API server assigns is invented: the job's UID (a placeholder, so the rendezvous id
 reads ``00000000-0``) and the namespace when the manifest names none.
 """
@@ -49,6 +50,9 @@ def preview(stored: dict[str, Any], namespace: str = "default") -> Preview:
     job = api.TrainingJob.from_body({**stored, "metadata": metadata})
     launch = resolve_launch(job.spec)
     objects: list[Object] = []
+    devices = desired.device_claim_template(job)
+    if devices is not None:
+        objects.append(devices)
     group = desired.pod_group(job, launch)
     if group is not None:
         objects.append(group)

@@ -423,7 +423,8 @@ class Supervisor:
         self.say("a warm spare: waiting to be promoted into a worker slot")
         while not self.terminating:
             info = self.info()
-            if info is not None and not info.spare:
+            # a slot too: files written one by one (not the kubelet's swap) may show the role first
+            if info is not None and not info.spare and info.worker_index is not None:
                 self.say(f"promoted into slot {info.worker_index} as attempt {info.attempt}")
                 return info
             reap_orphans(keep=None)
