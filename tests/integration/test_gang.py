@@ -23,6 +23,7 @@ from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.integration.operator_process import OperatorProcess
 from tests.integration.scenario import POOL_LABEL, TRAINER, status, wait_status
+from tests.integration.test_devices import device_class, gpu, resource_slice
 from tests.unit.jobs import manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.gang, pytest.mark.late_binaries]
@@ -147,6 +148,95 @@ def test_coscheduling_binds_a_gang_all_or_nothing_and_at_once_when_capacity_appe
     )
     print(f"gang bound {time.monotonic() - added:.1f}s after the node was added")
     wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "the job Running", name="big")
+
+
+class DevicePool(NodePool):
+    """KWOK nodes of one test whose GPUs are DRA devices of a driver and DeviceClass of the test's
+    own (``gpu.<pool>.phalanx.dev``), published as ResourceSlices; all deleted with the test."""
+
+    def __init__(self, cluster: LocalCluster, kubectl: Kubectl) -> None:
+        super().__init__(cluster, kubectl)
+        self.device_class = f"gpu.{self.name}.phalanx.dev"
+        self.published: list[str] = []
+        kubectl.apply(device_class(self.device_class, self.device_class))
+
+    def add(self, count: int, gpus: int = 4, **node: Any) -> list[str]:
+        names = super().add(count, gpus=0, **node)
+        slices = [resource_slice(name, self.device_class, [gpu(i) for i in range(gpus)]) for name in names]
+        self.kubectl.apply(slices)
+        self.published += [obj["metadata"]["name"] for obj in slices]
+        return names
+
+    def delete(self) -> None:
+        for name in self.published:
+            self.kubectl.delete("resourceslices.resource.k8s.io", name, wait=False)
+        self.kubectl.delete("deviceclasses.resource.k8s.io", self.device_class, wait=False)
+        super().delete()
+
+
+@pytest.fixture
+def device_pool(kwok_cluster: LocalCluster, kubectl: Kubectl) -> Iterator[DevicePool]:
+    nodes = DevicePool(kwok_cluster, kubectl)
+    try:
+        yield nodes
+    finally:
+        nodes.delete()
+
+
+def dra_gang_job(
+    kubectl: Kubectl, namespace: str, name: str, pool: DevicePool, *, workers: int, gpus: int, **gang: Any
+) -> None:
+    body = manifest(
+        workers={"min": workers, "max": workers, "desired": workers},
+        gpus={"count": gpus, "deviceClassName": pool.device_class},
+        gang=gang,
+        template={"spec": {"containers": [TRAINER], "nodeSelector": {POOL_LABEL: pool.name}}},
+    )
+    body["metadata"] = {"name": name}
+    kubectl.create(body, namespace=namespace)
+
+
+def allocated_devices(kubectl: Kubectl, namespace: str, pod: dict[str, Any]) -> list[tuple[str, str]]:
+    """(pool, device) of what the scheduler allocated to the pod's claim of the job's devices."""
+    statuses = pod["status"].get("resourceClaimStatuses") or []
+    claim = kubectl.get("resourceclaims.resource.k8s.io", statuses[0]["resourceClaimName"], namespace)
+    assert claim is not None
+    results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+    return [(result["pool"], result["device"]) for result in results]
+
+
+def test_coscheduling_binds_a_gang_of_dra_gpus_all_or_nothing(
+    kubectl: Kubectl, namespace: str, coscheduling: Coscheduling, device_pool: DevicePool, operator: OperatorProcess
+) -> None:
+    device_pool.add(2)  # 8 DRA GPUs for a gang of 3 x 4
+    dra_gang_job(kubectl, namespace, "dra", device_pool, workers=3, gpus=4, scheduler="scheduler-plugins")
+    state = wait_status(
+        kubectl,
+        namespace,
+        lambda s: s.get("reason") in ("Unschedulable", "InsufficientCapacity"),
+        "the job says why its gang waits",
+        name="dra",
+    )
+    print(f"waiting DRA gang: {state['phase']} {state['reason']}: {state['message']}")
+    # the nodes of the session publish 8 devices of this class: no gang of 3 x 4 can ever fit
+    assert state["reason"] == "InsufficientCapacity" and "4 device(s) of class" in state["message"], state
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # no partial allocation
+        pods = job_workers(kubectl, namespace, "dra")
+        assert bound(pods) == 0, pods
+        time.sleep(0.5)
+
+    added = time.monotonic()
+    device_pool.add(1)  # a third node's devices published: the whole gang binds
+    kubectl.wait_for(lambda: bound(job_workers(kubectl, namespace, "dra")) == 3, timeout=60, what="the gang bound")
+    print(f"DRA gang bound {time.monotonic() - added:.1f}s after the third node's devices were published")
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "the job Running", name="dra")
+    pods = job_workers(kubectl, namespace, "dra")
+    used = [device for pod in pods for device in allocated_devices(kubectl, namespace, pod)]
+    assert len(used) == 12 and len(set(used)) == 12  # every device of the three nodes, none twice
+    assert all(
+        pool == pod["spec"]["nodeName"] for pod in pods for pool, _ in allocated_devices(kubectl, namespace, pod)
+    )
 
 
 def recorded(kubectl: Kubectl, namespace: str) -> dict[str, tuple[str, int]]:
@@ -392,6 +482,41 @@ def test_kueue_admits_gangs_whole_and_in_order_and_a_deleted_job_frees_its_quota
     kubectl.wait_for(lambda: not job_workers(kubectl, namespace, "first"), timeout=30, what="first's pods gone")
     finish(kwok_cluster, kubectl, namespace, "second")
     wait_status(kubectl, namespace, lambda s: s.get("phase") == "Succeeded", "second Succeeded", 60, name="second")
+
+
+def test_kueue_0_17_admits_a_gang_of_dra_gpus_by_its_other_requests_and_the_scheduler_allocates_them(
+    kubectl: Kubectl,
+    namespace: str,
+    device_pool: DevicePool,
+    local_queue: str,
+    operator: OperatorProcess,
+) -> None:
+    """Kueue 0.17 leaves DRA claims out of quota (its DynamicResourceAllocation gate is alpha and
+    off): the gang is admitted by its CPU and memory, and the scheduler allocates the devices; a
+    gang the nodes' devices cannot hold is admitted too, and waits in the scheduler's words."""
+    device_pool.add(2)  # 8 DRA GPUs
+    dra_gang_job(kubectl, namespace, "first", device_pool, workers=2, gpus=4, scheduler="kueue", queue=local_queue)
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "first Running", 60, name="first")
+    pods = job_workers(kubectl, namespace, "first")
+    assert all(pod["metadata"]["labels"].get("kueue.x-k8s.io/managed") == "true" for pod in pods)
+    assert sorted(len(allocated_devices(kubectl, namespace, pod)) for pod in pods) == [4, 4]
+    (workload,) = [w for w in kubectl.list("workloads.kueue.x-k8s.io", namespace) if "first" in w["metadata"]["name"]]
+    usage = workload["status"]["admission"]["podSetAssignments"][0]["resourceUsage"]
+    print(f"Kueue's quota usage of a gang of 2 x 4 DRA GPUs: {usage}")
+    assert set(usage) == {"cpu", "memory"}, usage  # no device counted
+
+    dra_gang_job(kubectl, namespace, "second", device_pool, workers=2, gpus=4, scheduler="kueue", queue=local_queue)
+    state = wait_status(
+        kubectl,
+        namespace,
+        lambda s: s.get("reason") in ("Unschedulable", "InsufficientCapacity") and "claims" in s.get("message", ""),
+        "second admitted by Kueue, then waiting for devices",
+        60,
+        name="second",
+    )
+    print(f"admitted gang without devices: {state['reason']}: {state['message']}")
+    second = job_workers(kubectl, namespace, "second")
+    assert gated(second) == 0 and bound(second) == 0  # admitted, ungated, and no node has devices left
 
 
 def patch_spec(kubectl: Kubectl, namespace: str, name: str, spec: dict[str, Any]) -> None:

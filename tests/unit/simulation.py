@@ -69,6 +69,7 @@ class World:
         self.node_capacity = ""  # the fingerprint of what the nodes offer (NodeCache.capacity)
         # each schedulable node's allocatable: by name, or a tuple (named node-0, node-1, ...)
         self.node_allocatable: tuple[dict[str, str], ...] | dict[str, dict[str, str]] = ()
+        self.node_labels: dict[str, dict[str, str]] = {}  # schedulable node -> its labels
         # each node's DRA devices per class (DeviceCache.per_node), beside its allocatable
         self.device_offers: Mapping[str, Mapping[str, Decimal]] = {}
         self.workload: QueuedWorkload | None = None  # what Kueue says about the current pod group
@@ -105,6 +106,7 @@ class World:
                 {name: capacity.parse_allocatable(node) for name, node in self.named_allocatable().items()},
                 self.device_offers,
             ),
+            node_labels=self.node_labels,
             workload=self.workload,
             node_loss=NodeLoss(
                 unready_since={node: self.unready_since.get(node, self.now) for node in self.unready_nodes},

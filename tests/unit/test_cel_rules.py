@@ -136,6 +136,12 @@ SCHEMA_BOUNDS: list[tuple[str, dict[str, Any], str]] = [
     ("too many workers", {"workers": {"max": 5000}}, "spec.workers.max"),
     ("negative gpus", {"gpus": {"count": -1}}, "spec.gpus.count"),
     ("gpu resource without domain", {"gpus": {"resource": "gpu"}}, "spec.gpus.resource"),
+    ("topology key not a label", {"placement": {"topology": {"key": "rack name"}}}, "spec.placement.topology.key"),
+    (
+        "unknown topology mode",
+        {"placement": {"topology": {"key": "rack", "mode": "strict"}}},
+        "spec.placement.topology.mode",
+    ),
     ("unknown backend", {"backend": "mpi"}, "spec.backend"),
     ("unknown profile", {"network": {"profile": "roce"}}, "spec.network.profile"),
     ("unknown gang scheduler", {"gang": {"scheduler": "yunikorn"}}, "spec.gang.scheduler"),
@@ -209,6 +215,7 @@ IMMUTABLE = [
     ("procsPerWorker", lambda s: s.update(procsPerWorker=2)),
     ("checkpoint", lambda s: s.update(checkpoint={"claimName": "other"})),
     ("gang.scheduler", lambda s: s.update(gang={"scheduler": "volcano"})),
+    ("placement", lambda s: s.update(placement={"topology": {"key": "topology.kubernetes.io/zone"}})),
 ]
 
 

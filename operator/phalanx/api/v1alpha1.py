@@ -456,6 +456,33 @@ class Gang(ApiModel):
     """How long scheduler-plugins holds a partially placed gang before releasing it."""
 
 
+LABEL_KEY_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+TopologyMode = Literal["required", "preferred"]
+
+
+class Topology(ApiModel):
+    """Which interconnect domain the workers share: a node label whose value names the domain (a
+    rack, a block, an NVLink domain such as nvidia.com/gpu.clique)."""
+
+    key: str = Field(max_length=316, pattern=LABEL_KEY_PATTERN)
+    """The node label that names each node's domain, for example topology.kubernetes.io/rack or
+    nvidia.com/gpu.clique. Nodes without it are in no domain."""
+
+    mode: TopologyMode = "required"
+    """required: every worker of an attempt runs in one domain, and elastic growth stays there; a
+    gang that no domain can hold is Stalled. preferred: workers pack into as few domains as fit.
+    How each gang scheduler does it is in docs/placement.md."""
+
+
+class Placement(ApiModel):
+    """Where the workers run, beyond the pod template's own nodeSelector and affinity."""
+
+    topology: Topology | None = None
+    """Keep the workers in one interconnect domain (required) or as few as fit (preferred)."""
+
+
 class TemplateMetadata(BaseModel):
     """Labels and annotations copied onto every worker pod (never the TrainingJob's own labels)."""
 
@@ -554,6 +581,13 @@ class TrainingJobSpec(ApiModel):
                     "(use launcher torchrun for an elastic range)",
                 ),
                 cel(
+                    "has(self.placement) == has(oldSelf.placement) && "
+                    "(!has(self.placement) || self.placement == oldSelf.placement)",
+                    field_path=".placement",
+                    message="is immutable: the gang's workers are placed as one; delete and recreate the TrainingJob "
+                    "to place it otherwise",
+                ),
+                cel(
                     "has(self.checkpoint) == has(oldSelf.checkpoint) && "
                     "(!has(self.checkpoint) || self.checkpoint == oldSelf.checkpoint)",
                     field_path=".checkpoint",
@@ -605,6 +639,9 @@ class TrainingJobSpec(ApiModel):
 
     gang: Gang = Field(default_factory=Gang)
     """Gang scheduling."""
+
+    placement: Placement | None = None
+    """Topology-aware placement of the workers (immutable: a gang is placed as one)."""
 
     suspend: bool = False
     """Suspended jobs keep their status and restart budget but run no pods."""
@@ -757,6 +794,19 @@ class AvoidedNode(ApiModel):
     """When new pods may go there again."""
 
 
+class PlacementStatus(ApiModel):
+    """The domain the operator placed the workers in (spec.placement.topology, where the operator
+    chooses it: gang.scheduler none or scheduler-plugins)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    key: str
+    """The node label of the domains (spec.placement.topology.key)."""
+
+    domain: str | None = None
+    """The label's value the workers are kept in (mode required) or packed towards (preferred)."""
+
+
 class TrainingJobStatus(ApiModel):
     """The observed state of a TrainingJob, written only by the operator."""
 
@@ -827,6 +877,9 @@ class TrainingJobStatus(ApiModel):
 
     time_by_state: TimeByState | None = None
     """Where the job's time went: queued, starting, training, recovering (by cause), suspended."""
+
+    placement: PlacementStatus | None = None
+    """Where the workers are placed (spec.placement.topology)."""
 
     avoided_nodes: list[AvoidedNode] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]}

@@ -413,6 +413,7 @@ class ChildCache(ListedSink):
         missing_apis: Mapping[str, str] | None = None,
         node_capacity: str = "",
         node_allocatable: Mapping[str, Mapping[str, Decimal]] | None = None,
+        node_labels: Mapping[str, Mapping[str, str]] | None = None,
         workload: QueuedWorkload | None = None,
     ) -> Observed:
         return Observed(
@@ -426,6 +427,7 @@ class ChildCache(ListedSink):
             missing_apis=dict(missing_apis or {}),
             node_capacity=node_capacity,
             node_allocatable=node_allocatable or {},
+            node_labels=node_labels or {},
             workload=workload,
         )
 
@@ -466,6 +468,8 @@ class NodeCache(ListedSink):
         # schedulable node -> its allocatable as listed, and parsed (once per change)
         self._allocatable: dict[str, tuple[Mapping[str, Any], Mapping[str, Decimal]]] = {}
         self._allocatable_view: Mapping[str, Mapping[str, Decimal]] | None = None
+        self._labels: dict[str, dict[str, str]] = {}  # schedulable node -> its labels (topology domains)
+        self._labels_view: Mapping[str, Mapping[str, str]] | None = None
         # XOR of one digest per (node, offer): updated per node event, independent of order, so
         # the fingerprint costs O(1) however many nodes there are
         self._offer_digest = 0
@@ -503,8 +507,15 @@ class NodeCache(ListedSink):
             if known is None or known[0] != allocatable:
                 self._allocatable[name] = (dict(allocatable), capacity.parse_allocatable(allocatable))
                 self._allocatable_view = None
-        elif self._allocatable.pop(name, None) is not None:
-            self._allocatable_view = None
+            labels = body.get("metadata", {}).get("labels") or {}
+            if self._labels.get(name) != labels:
+                self._labels[name] = {shared(key) or "": shared(value) or "" for key, value in labels.items()}
+                self._labels_view = None
+        else:
+            if self._allocatable.pop(name, None) is not None:
+                self._allocatable_view = None
+            if self._labels.pop(name, None) is not None:
+                self._labels_view = None
         changed = before != unready or deleted
         if changed and self._on_change is not None:
             self._on_change(name)
@@ -540,6 +551,8 @@ class NodeCache(ListedSink):
         self._observe_offer(name, None)
         if self._allocatable.pop(name, None) is not None:
             self._allocatable_view = None
+        if self._labels.pop(name, None) is not None:
+            self._labels_view = None
         if was_unready and self._on_change is not None:
             self._on_change(name)
 
@@ -564,6 +577,12 @@ class NodeCache(ListedSink):
         if self._allocatable_view is None:
             self._allocatable_view = MappingProxyType({name: parsed for name, (_, parsed) in self._allocatable.items()})
         return self._allocatable_view
+
+    def labels(self) -> Mapping[str, Mapping[str, str]]:
+        """Node name -> the labels of each schedulable node (read-only)."""
+        if self._labels_view is None:
+            self._labels_view = MappingProxyType(dict(self._labels))
+        return self._labels_view
 
     def pod_released(self) -> None:
         """A pod went away: what it held on its node is free again."""
@@ -606,7 +625,8 @@ def _offer(node: Mapping[str, Any]) -> str | None:
         for t in spec.get("taints") or []
         if t.get("effect") in ("NoSchedule", "NoExecute")
     )
-    return json.dumps([sorted(allocatable.items()), taints], separators=(",", ":"))
+    labels = sorted(((node.get("metadata") or {}).get("labels") or {}).items())  # topology domains
+    return json.dumps([sorted(allocatable.items()), taints, labels], separators=(",", ":"))
 
 
 class DeviceCache(ListedSink):

@@ -285,6 +285,7 @@ class Runtime:
             missing_apis=self.missing_apis(job.metadata.namespace),
             node_capacity=self.capacity(),
             node_allocatable=with_devices(self.nodes.allocatable(), self.devices.per_node()),
+            node_labels=self.nodes.labels(),
             workload=self.workloads.get(
                 job.metadata.namespace, naming.kueue_group_name(job.metadata.name, job.status.attempt)
             )

@@ -38,7 +38,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import creation, desired, naming, restarts, spares
+from phalanx.reconcile import creation, desired, naming, restarts, spares, topology
 from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
 from phalanx.reconcile.creation import Wanted
 from phalanx.reconcile.decision import Context, Decision, Memory, Step, concluded, finish, wind_down
@@ -123,6 +123,11 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
     if unavailable is not None:
         reason, message = unavailable
         return Decision(PhaseView("Pending", reason, message), memory, actions, stall=(reason, message))
+    placed = topology.place(context, memory, launch, current)
+    memory = replace(memory, domain=placed.domain)
+    if placed.stall is not None and not any(pod.active for pod in current):
+        reason, message = placed.stall
+        return Decision(PhaseView("Pending", reason, message), memory, actions, stall=placed.stall)
     # the claim template never changes (gpus and network are immutable): created when missing
     # (again if someone deletes it), never applied over (the API server refuses changes to its spec)
     devices_missing = devices is not None and not observed.has(

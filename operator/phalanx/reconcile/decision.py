@@ -48,6 +48,8 @@ class Memory:
     reached: int | None = None
     """The step the job had reached when a restart was decided, until its new run reports."""
     failed_at: str | None = None
+    domain: str | None = None
+    """The topology domain the workers are placed in (status.placement.domain; ``topology.place``)."""
 
     @classmethod
     def of(cls, status: api.TrainingJobStatus) -> Memory:
@@ -65,6 +67,7 @@ class Memory:
             recomputed=status.recomputed_steps.total if status.recomputed_steps else 0,
             reached=status.recomputed_steps.reached if status.recomputed_steps else None,
             failed_at=status.recomputed_steps.failed_at if status.recomputed_steps else None,
+            domain=status.placement.domain if status.placement else None,
         )
 
     def counting(self, failure: Failure, pods: Iterable[PodRecord]) -> Memory:

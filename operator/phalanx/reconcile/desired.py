@@ -40,6 +40,9 @@ GPU_REQUEST = "gpus"
 NIC_REQUEST = "nics"
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
 NETWORK_POLICY_API = "networking.k8s.io/v1"
+VOLCANO_TOPOLOGY_TIER = 1
+"""The HyperNode tier a Volcano gang may span: configure Volcano's discovery so that tier 1 is the
+domains of placement.topology.key (docs/placement.md)."""
 STORE_CONTAINER = "store"
 JOB_UID_ENV = "PHALANX_JOB_UID"
 """The job's UID in the workers' and the store's environment: a completion record names it."""
@@ -277,6 +280,59 @@ def keep_off(pod_spec: dict[str, Any], nodes: Sequence[str]) -> None:
         fields += [{"key": "metadata.name", "operator": "NotIn", "values": [node]} for node in sorted(nodes)]
 
 
+KUEUE_TOPOLOGY_ANNOTATIONS = {
+    "required": "kueue.x-k8s.io/podset-required-topology",
+    "preferred": "kueue.x-k8s.io/podset-preferred-topology",
+}
+TOPOLOGY_AFFINITY_WEIGHT = 100
+
+
+def place_in_domain(pod_spec: dict[str, Any], job: api.TrainingJob, domain: str | None) -> None:
+    """Keep a worker in its job's topology domain where the operator places workers itself
+    (gang.scheduler none or scheduler-plugins; ``topology.place`` chooses ``domain``): required,
+    a node affinity to the domain; preferred, a preferred one. Without a domain (nodes are not
+    watched) the workers follow each other by pod affinity on the label: the first decides."""
+    topology = job.spec.placement.topology if job.spec.placement is not None else None
+    if topology is None or job.spec.gang.scheduler in ("kueue", "volcano"):
+        return
+    affinity = pod_spec.setdefault("affinity", {})
+    peers = {
+        "labelSelector": {
+            "matchLabels": {naming.JOB_NAME_LABEL: job.metadata.name, naming.ROLE_LABEL: naming.ROLE_WORKER}
+        },
+        "topologyKey": topology.key,
+    }
+    if topology.mode == "required":
+        values = {"key": topology.key, "operator": "In", "values": [domain]} if domain else None
+        requirement = values or {"key": topology.key, "operator": "Exists"}
+        required = affinity.setdefault("nodeAffinity", {}).setdefault(
+            "requiredDuringSchedulingIgnoredDuringExecution", {}
+        )
+        terms = required.setdefault("nodeSelectorTerms", [])
+        if not terms:
+            terms.append({})
+        for term in terms:
+            term.setdefault("matchExpressions", []).append(dict(requirement))
+        if domain is None:
+            pod_affinity = affinity.setdefault("podAffinity", {})
+            pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(peers)
+        return
+    if domain is not None:
+        preferred = affinity.setdefault("nodeAffinity", {}).setdefault(
+            "preferredDuringSchedulingIgnoredDuringExecution", []
+        )
+        preferred.append(
+            {
+                "weight": TOPOLOGY_AFFINITY_WEIGHT,
+                "preference": {"matchExpressions": [{"key": topology.key, "operator": "In", "values": [domain]}]},
+            }
+        )
+    pod_affinity = affinity.setdefault("podAffinity", {})
+    pod_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(
+        {"weight": TOPOLOGY_AFFINITY_WEIGHT, "podAffinityTerm": peers}
+    )
+
+
 def rendezvous_store_pod(job: api.TrainingJob, launch: Launch, *, avoid: Sequence[str] = ()) -> Object:
     """The small pod that hosts the c10d store, built from the trainer's image (it has torch);
     ``avoid``: nodes the job keeps off (failurePolicy.avoidNodeSeconds)."""
@@ -404,10 +460,12 @@ def worker_pod(
     kueue_total: int | None = None,
     avoid: Sequence[str] = (),
     spare: int | None = None,
+    domain: str | None = None,
 ) -> Object:
     """One worker pod: the user's template plus everything elastic training needs; ``avoid``:
-    nodes the job keeps off (failurePolicy.avoidNodeSeconds). ``spare``: instead, the warm spare
-    of that serial (``spare_pod``)."""
+    nodes the job keeps off (failurePolicy.avoidNodeSeconds); ``domain``: the topology domain the
+    operator placed the job in (``place_in_domain``). ``spare``: instead, the warm spare of that
+    serial (``spare_pod``)."""
     spec = job.spec
     template = _template_spec(job)
     template_metadata = spec.template.metadata
@@ -462,6 +520,7 @@ def worker_pod(
     template["restartPolicy"] = "Never"
     template.setdefault("enableServiceLinks", False)
     keep_off(template, avoid)
+    place_in_domain(template, job, domain)
     name = naming.worker_pod_name(job.metadata.name, index)
     if spare is not None:
         name = naming.spare_pod_name(job.metadata.name, spare)
@@ -492,6 +551,9 @@ def worker_pod(
         labels[naming.KUEUE_POD_GROUP_LABEL] = naming.kueue_group_name(job.metadata.name, attempt)
         annotations[naming.KUEUE_TOTAL_COUNT_ANNOTATION] = str(kueue_total or spec.workers.desired)
         annotations[naming.KUEUE_RETRIABLE_ANNOTATION] = "false"
+        topology = spec.placement.topology if spec.placement is not None else None
+        if topology is not None:  # Kueue's topology-aware scheduling chooses the domain
+            annotations[KUEUE_TOPOLOGY_ANNOTATIONS[topology.mode]] = topology.key
 
     return _finish(
         {
@@ -503,11 +565,19 @@ def worker_pod(
     )
 
 
-def spare_pod(job: api.TrainingJob, launch: Launch, *, serial: int, attempt: int, avoid: Sequence[str] = ()) -> Object:
+def spare_pod(
+    job: api.TrainingJob,
+    launch: Launch,
+    *,
+    serial: int,
+    attempt: int,
+    avoid: Sequence[str] = (),
+    domain: str | None = None,
+) -> Object:
     """A warm spare: a worker pod without a slot (``phalanx.dev/role: spare``, no worker index),
     whose supervisor imports what the command needs and waits to be promoted (``decide`` refuses a
     spec that cannot have spares, ``spares_refusal``, before any is rendered)."""
-    return worker_pod(job, launch, index=0, attempt=attempt, avoid=avoid, spare=serial)
+    return worker_pod(job, launch, index=0, attempt=attempt, avoid=avoid, spare=serial, domain=domain)
 
 
 def spares_refusal(spec: api.TrainingJobSpec, launch: Launch) -> str:
@@ -587,6 +657,12 @@ def pod_group(job: api.TrainingJob, launch: Launch, node_capacity: str | None = 
         priority = _template_spec(job).get("priorityClassName")
         if priority:
             spec["priorityClassName"] = priority
+        topology = job.spec.placement.topology if job.spec.placement is not None else None
+        if topology is not None:  # Volcano's HyperNodes: tier 1 is the lowest above the nodes
+            spec["networkTopology"] = {
+                "mode": "hard" if topology.mode == "required" else "soft",
+                "highestTierAllowed": VOLCANO_TOPOLOGY_TIER,
+            }
     annotations = {naming.NODE_CAPACITY_ANNOTATION: node_capacity} if node_capacity else None
     return _finish(
         {

@@ -215,6 +215,8 @@ class Observed:
     node_allocatable: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
     """Node name -> allocatable resources of each schedulable node, in base units (empty when nodes
     are not watched)."""
+    node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Node name -> labels of each schedulable node (empty when nodes are not watched)."""
     workload: QueuedWorkload | None = None
     """Kueue's Workload for the current attempt's pod group (gang.scheduler kueue)."""
     isolation: JobIsolation | None = None

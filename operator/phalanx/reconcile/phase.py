@@ -45,7 +45,13 @@ def scaling(context: Context, memory: Memory, launch: Launch, current: list[PodR
     filled = spares.promotions(context, memory, current)
     slots = [
         desired.worker_pod(
-            job, launch, index=index, attempt=memory.attempt, kueue_total=kueue_total, avoid=memory.avoided_nodes
+            job,
+            launch,
+            index=index,
+            attempt=memory.attempt,
+            kueue_total=kueue_total,
+            avoid=memory.avoided_nodes,
+            domain=memory.domain,
         )
         for index in filled.unfilled
         if naming.worker_pod_name(job.metadata.name, index) not in taken

@@ -128,6 +128,8 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     status["startTime"] = memory.start_time
     status["completionTime"] = memory.completion_time
     status["restartNotBefore"] = memory.restart_not_before
+    topology = job.spec.placement.topology if job.spec.placement else None
+    status["placement"] = {"key": topology.key, "domain": memory.domain} if topology is not None else None
     status["avoidedNodes"] = [
         {"node": entry.node, "reason": entry.reason, "message": entry.message, "until": entry.until}
         for entry in memory.avoided

@@ -148,7 +148,9 @@ def upkeep(
     names = {pod.name for pod in context.observed.pods}
     serials = (n for n in range(len(names) + wanted + 1) if naming.spare_pod_name(job.metadata.name, n) not in names)
     create = tuple(
-        desired.spare_pod(job, launch, serial=next(serials), attempt=memory.attempt, avoid=memory.avoided_nodes)
+        desired.spare_pod(
+            job, launch, serial=next(serials), attempt=memory.attempt, avoid=memory.avoided_nodes, domain=memory.domain
+        )
         for _ in range(missing)
     )
     return SpareUpkeep(memory, create, actions)

@@ -1,0 +1,108 @@
+"""Topology-aware placement (``spec.placement.topology``): which interconnect domain a job's workers
+go to, and whether any domain could ever hold its gang.
+
+Where a gang scheduler places gangs by topology (Kueue's TAS, Volcano's HyperNodes), the operator
+only says what it wants (pod annotations, the PodGroup's networkTopology). With scheduler-plugins
+or no gang scheduler nothing looks ahead: a pod affinity would let the first pod's node decide the
+domain, and a gang could wait forever in a domain too small for it. So the operator chooses: the
+domain whose schedulable nodes (not avoided by the job) could hold the most workers by allocatable
+(ties: the first name), among those that hold at least workers.min. It is recorded in status and
+kept while a worker of the current attempt runs there or while it can still hold the gang, so
+elastic growth and spares stay in it; a gang restart that finds it too small chooses again. The
+operator does not see other tenants' pods, so a chosen domain may be busy: the gang then waits for
+it as any gang waits for capacity (the limits are in docs/placement.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from phalanx.api import v1alpha1 as api
+from phalanx.reconcile import capacity, desired
+from phalanx.reconcile.decision import Context, Memory
+from phalanx.reconcile.environment import Launch
+from phalanx.reconcile.observed import PodRecord
+
+OPERATOR_PLACED = ("none", "scheduler-plugins")
+"""Gang schedulers under which the operator chooses the domain itself."""
+
+
+@dataclass(frozen=True)
+class Room:
+    """How many workers a domain's schedulable nodes could hold by allocatable (-1: unbounded)."""
+
+    domain: str
+    fits: int
+    nodes: int
+
+
+@dataclass(frozen=True)
+class Placed:
+    """The decision: the domain the workers go to (None: not the operator's to choose, or nothing
+    known of the nodes), and why the gang can never be placed (reason, message) when it cannot."""
+
+    domain: str | None = None
+    stall: tuple[str, str] | None = None
+
+
+def rooms(context: Context, memory: Memory, launch: Launch, key: str) -> list[Room]:
+    """Each domain of ``key`` with the workers its nodes could hold, most room first."""
+    observed = context.observed
+    per_worker = desired.worker_demand(context.job, launch)
+    avoided = set(memory.avoided_nodes)
+    members: dict[str, list[str]] = {}
+    for node, labels in observed.node_labels.items():
+        value = labels.get(key)
+        if value is not None and node in observed.node_allocatable and node not in avoided:
+            members.setdefault(value, []).append(node)
+    found = [
+        Room(domain, capacity.workers_that_fit(per_worker, [observed.node_allocatable[n] for n in nodes]), len(nodes))
+        for domain, nodes in members.items()
+    ]
+    unbounded = 1 << 30  # nothing comparable on the nodes: as much room as any
+    return sorted(found, key=lambda room: (-(room.fits if room.fits >= 0 else unbounded), room.domain))
+
+
+def place(context: Context, memory: Memory, launch: Launch, current: list[PodRecord]) -> Placed:
+    """Where this pass puts new workers (see the module's notes)."""
+    spec = context.spec
+    topology = spec.placement.topology if spec.placement is not None else None
+    if topology is None or not context.observed.node_allocatable:
+        return Placed(memory.domain)  # nodes are not watched: pod affinity alone (desired.place_in_domain)
+    found = rooms(context, memory, launch, topology.key)
+    minimum = spec.workers.min
+    viable = [room for room in found if room.fits < 0 or room.fits >= minimum]
+    stall = None
+    if topology.mode == "required" and not viable:
+        stall = ("TopologyUnsatisfiable", unsatisfiable(topology, minimum, found))
+    if spec.gang.scheduler not in OPERATOR_PLACED:
+        return Placed(None, stall)
+    kept = memory.domain
+    if kept is not None:
+        running_there = any(
+            pod.active
+            and pod.node_name
+            and context.observed.node_labels.get(pod.node_name, {}).get(topology.key) == kept
+            for pod in current
+        )
+        if running_there or any(room.domain == kept for room in viable):
+            return Placed(kept, None if running_there else stall)
+    if viable:
+        return Placed(viable[0].domain)
+    if topology.mode == "preferred" and found:
+        return Placed(found[0].domain)  # the most room, though not enough for all: the rest spill over
+    return Placed(None, stall)
+
+
+def unsatisfiable(topology: api.Topology, minimum: int, found: list[Room]) -> str:
+    if not found:
+        return (
+            f"placement.topology requires one {topology.key} domain for the workers, and no schedulable node "
+            f"has the label {topology.key}"
+        )
+    best = found[0]
+    return (
+        f"placement.topology requires one {topology.key} domain for all of workers.min ({minimum}), and none "
+        f"can hold them: the largest, {best.domain} ({best.nodes} node(s)), holds {best.fits}; add nodes to a "
+        "domain, lower workers.min or use mode preferred"
+    )

@@ -1,0 +1,169 @@
+"""Topology-aware placement: the domain the operator chooses and keeps, what each gang scheduler is
+told, and a gang that no domain can hold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phalanx.reconcile import desired, naming
+from phalanx.reconcile.environment import resolve_launch
+from tests.unit.jobs import job
+from tests.unit.simulation import World
+
+RACK = "topology.phalanx.dev/rack"
+NODE_8_GPUS = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}
+
+
+def racks(world: World, layout: dict[str, int]) -> None:
+    """Nodes of 8 GPUs in racks: rack name -> how many nodes."""
+    world.node_allocatable = {
+        f"{rack}-{index}": dict(NODE_8_GPUS) for rack, count in layout.items() for index in range(count)
+    }
+    world.node_labels = {
+        f"{rack}-{index}": {RACK: rack, "kubernetes.io/hostname": f"{rack}-{index}"}
+        for rack, count in layout.items()
+        for index in range(count)
+    }
+
+
+def topology_job(mode: str = "required", **spec: Any) -> World:
+    spec.setdefault("workers", {"min": 3, "max": 4, "desired": 3})
+    return World(job(gpus={"count": 8}, placement={"topology": {"key": RACK, "mode": mode}}, **spec))
+
+
+def node_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    affinity = pod["spec"].get("affinity", {}).get("nodeAffinity", {})
+    return list(affinity.get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []))
+
+
+def test_required_puts_every_worker_in_the_domain_with_room_for_them_and_growth_stays_there() -> None:
+    world = topology_job()
+    racks(world, {"rack-a": 2, "rack-b": 3, "rack-c": 4})
+    world.settle()
+    assert world.status["placement"] == {"key": RACK, "domain": "rack-c"}  # the most room
+    for pod in world.workers():
+        assert {"key": RACK, "operator": "In", "values": ["rack-c"]} in node_terms(pod)[0]["matchExpressions"]
+    world.run()
+    world.reconcile()
+    # rack-c fills up with other tenants' pods and rack-b has more nodes now: the job stays
+    racks(world, {"rack-a": 2, "rack-b": 6, "rack-c": 4})
+    world.body["spec"]["workers"]["desired"] = 4
+    grown = world.reconcile()
+    (added,) = grown.apply
+    assert {"key": RACK, "operator": "In", "values": ["rack-c"]} in node_terms(added)[0]["matchExpressions"]
+    assert world.status["placement"]["domain"] == "rack-c"
+
+
+def test_the_template_affinity_is_kept_and_each_of_its_terms_gets_the_domain() -> None:
+    own = {"matchExpressions": [{"key": "gpu.example.com/model", "operator": "In", "values": ["h100"]}]}
+    other = {"matchExpressions": [{"key": "gpu.example.com/model", "operator": "In", "values": ["h200"]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [own, other]}}}
+    parsed = job(
+        gpus={"count": 8},
+        placement={"topology": {"key": RACK}},
+        template={"spec": {"affinity": affinity}},
+    )
+    pod = desired.worker_pod(parsed, resolve_launch(parsed.spec), index=0, attempt=0, domain="rack-b")
+    terms = node_terms(pod)
+    assert len(terms) == 2
+    for term in terms:
+        assert term["matchExpressions"][-1] == {"key": RACK, "operator": "In", "values": ["rack-b"]}
+        assert term["matchExpressions"][0]["key"] == "gpu.example.com/model"
+
+
+def test_a_gang_that_no_domain_can_hold_is_stalled_and_creates_no_worker() -> None:
+    world = topology_job(workers={"min": 4, "max": 4, "desired": 4})
+    racks(world, {"rack-a": 2, "rack-b": 3})
+    world.settle()
+    assert world.workers() == []
+    assert (world.status["phase"], world.status["reason"]) == ("Pending", "TopologyUnsatisfiable")
+    assert "the largest, rack-b (3 node(s)), holds 3" in world.status["message"]
+    stalled = {c["type"]: c for c in world.status["conditions"]}["Stalled"]
+    assert stalled["status"] == "True"
+    racks(world, {"rack-a": 2, "rack-b": 4})  # a fourth node in rack-b
+    world.settle()
+    assert world.status["placement"]["domain"] == "rack-b" and len(world.workers()) == 4
+
+
+def test_no_node_with_the_label_is_said_in_those_words() -> None:
+    world = topology_job()
+    world.node_allocatable = {"node-0": dict(NODE_8_GPUS)}
+    world.node_labels = {"node-0": {}}
+    world.settle()
+    assert world.status["reason"] == "TopologyUnsatisfiable"
+    assert f"no schedulable node has the label {RACK}" in world.status["message"]
+
+
+def test_a_gang_restart_chooses_again_when_its_domain_lost_nodes() -> None:
+    world = topology_job(failurePolicy={"backoffSeconds": 0})
+    racks(world, {"rack-a": 3, "rack-b": 3})
+    world.settle()
+    assert world.status["placement"]["domain"] == "rack-a"
+    world.run()
+    world.reconcile()
+    racks(world, {"rack-a": 2, "rack-b": 3})  # a node of rack-a is gone
+    world.terminate("demo-worker-0", exit_code=1)
+    world.terminate("demo-worker-1", exit_code=1)
+    world.settle()
+    assert world.status["attempt"] == 1
+    assert world.status["placement"]["domain"] == "rack-b"
+    assert all("rack-b" in str(node_terms(pod)) for pod in world.workers(attempt=1))
+
+
+def test_preferred_packs_towards_the_roomiest_domain_and_lets_the_rest_spill_over() -> None:
+    world = topology_job("preferred", workers={"min": 4, "max": 4, "desired": 4})
+    racks(world, {"rack-a": 2, "rack-b": 3})
+    world.settle()
+    assert world.status["reason"] != "TopologyUnsatisfiable"
+    assert world.status["placement"]["domain"] == "rack-b"
+    pod = world.workers()[0]
+    affinity = pod["spec"]["affinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in affinity.get("nodeAffinity", {})
+    (preference,) = affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preference["preference"]["matchExpressions"] == [{"key": RACK, "operator": "In", "values": ["rack-b"]}]
+    (peers,) = affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert peers["podAffinityTerm"]["topologyKey"] == RACK
+
+
+def test_without_watched_nodes_the_workers_follow_each_other_by_pod_affinity() -> None:
+    parsed = job(gpus={"count": 8}, placement={"topology": {"key": RACK}})
+    pod = desired.worker_pod(parsed, resolve_launch(parsed.spec), index=0, attempt=0, domain=None)
+    assert node_terms(pod)[0]["matchExpressions"] == [{"key": RACK, "operator": "Exists"}]
+    (term,) = pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {
+        "labelSelector": {"matchLabels": {naming.JOB_NAME_LABEL: "demo", naming.ROLE_LABEL: naming.ROLE_WORKER}},
+        "topologyKey": RACK,
+    }
+
+
+def test_kueue_gets_its_topology_annotations_and_chooses_itself() -> None:
+    for mode, annotation in (
+        ("required", "kueue.x-k8s.io/podset-required-topology"),
+        ("preferred", "kueue.x-k8s.io/podset-preferred-topology"),
+    ):
+        world = topology_job(mode, gang={"scheduler": "kueue", "queue": "team"})
+        racks(world, {"rack-a": 3})
+        world.settle()
+        pod = world.workers()[0]
+        assert pod["metadata"]["annotations"][annotation] == RACK
+        assert "affinity" not in pod["spec"]  # Kueue injects the domain's nodeSelector itself
+        assert world.status["placement"] == {"key": RACK}  # no domain of the operator's
+
+
+def test_kueue_gangs_no_domain_can_hold_are_stalled_too() -> None:
+    world = topology_job(gang={"scheduler": "kueue", "queue": "team"}, workers={"min": 4, "max": 4, "desired": 4})
+    racks(world, {"rack-a": 3})
+    world.settle()
+    assert world.status["reason"] == "TopologyUnsatisfiable" and world.workers() == []
+
+
+def test_volcano_gets_a_network_topology_on_its_podgroup() -> None:
+    for mode, volcano_mode in (("required", "hard"), ("preferred", "soft")):
+        parsed = job(
+            gpus={"count": 8}, gang={"scheduler": "volcano"}, placement={"topology": {"key": RACK, "mode": mode}}
+        )
+        group = desired.pod_group(parsed, resolve_launch(parsed.spec))
+        assert group is not None
+        assert group["spec"]["networkTopology"] == {"mode": volcano_mode, "highestTierAllowed": 1}
+        pod = desired.worker_pod(parsed, resolve_launch(parsed.spec), index=0, attempt=0)
+        assert "affinity" not in pod["spec"]
