@@ -541,3 +541,32 @@ def test_spares_are_counted_with_the_workers_and_listed_beside_the_store() -> No
     assert fields(text)["Workers"] == "desired 3 (min 2, max 4), active 3, ready 2, world size 12; spares 1 ready of 2"
     rows = section(text, "Pods (current attempt 1 first):")
     assert ["llama-spare-3", "spare", "-", "gpu-node-3", "Running", "True", "0", "11m", "10.244.3.4"] in rows
+
+
+def test_ranks_in_the_rendezvous_order_with_each_nodes_domain() -> None:
+    rack = "topology.phalanx.dev/rack"
+    job = copy.deepcopy(JOB)
+    job["spec"]["placement"] = {"topology": {"key": rack, "mode": "preferred"}}
+    job["status"]["placement"] = {"key": rack, "domain": "rack-b"}
+    pods = [
+        pod("llama-worker-0", index=0, attempt=1, node="n1", ip="10.244.1.7"),
+        pod("llama-worker-1", index=1, attempt=1, node="n2", ip="10.244.10.3"),
+        pod("llama-worker-2", index=2, attempt=1, node="n3", ip="10.244.2.9"),
+        pod("llama-worker-0", index=0, attempt=0, node="n9", ip="10.244.0.1", deleting=True, phase="Failed"),
+    ]
+    labels = {"n1": {rack: "rack-b"}, "n2": {rack: "rack-a"}, "n3": {rack: "rack-b"}}
+    text = describe_text.describe(job, pods, [], NOW, labels)
+    assert fields(text)["Placement"] == f"{rack} preferred: rack-b"
+    # torch sorts the agents' addresses as strings: 10.244.1.7 < 10.244.10.3 < 10.244.2.9
+    assert section(text, "Ranks (")[1:] == [
+        ["0", "llama-worker-0", "n1", "rack-b"],
+        ["1", "llama-worker-1", "n2", "rack-a"],
+        ["2", "llama-worker-2", "n3", "rack-b"],
+    ]
+    static = copy.deepcopy(job)
+    static["spec"]["launcher"] = "static"
+    assert [row[:2] for row in section(describe_text.describe(static, pods, [], NOW, labels), "Ranks (")[1:]] == [
+        ["0", "llama-worker-0"],
+        ["1", "llama-worker-1"],
+        ["2", "llama-worker-2"],
+    ]

@@ -257,5 +257,8 @@ def test_phalanx_plan_shows_the_claim_template() -> None:
     text = summary(result)
     assert "8 x DRA devices of class gpu.example.com per worker" in text
     assert "ResourceClaimTemplate demo-devices (resource.k8s.io/v1): one claim per worker pod" in text
-    assert "gpus-7+nics-7 share resource.kubernetes.io/pcieRoot" in text
+    assert (
+        "8 pairs of (1 x gpu.example.com) and (1 x rdma.example.com), each pair sharing resource.kubernetes.io/pcieRoot"
+        in text
+    )
     assert "DRA claim devices" in text

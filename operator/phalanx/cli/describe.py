@@ -7,8 +7,12 @@ import argparse
 import asyncio
 import sys
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from phalanx.cli import connection
+
+if TYPE_CHECKING:
+    from phalanx.cluster.client import ApiClient
 
 
 async def describe(args: argparse.Namespace) -> int:
@@ -27,11 +31,30 @@ async def describe(args: argparse.Namespace) -> int:
             # matches one name exactly, and deleted workers' Events (a failure) belong here too
             client.list("v1", "Event", namespace, field_selector="involvedObject.kind=Pod"),
         )
-    uid = str(job["metadata"].get("uid", ""))
-    ours = [pod for pod in pods if describe_text.owned_by(pod, uid)]
+        uid = str(job["metadata"].get("uid", ""))
+        ours = [pod for pod in pods if describe_text.owned_by(pod, uid)]
+        node_labels = await _node_labels(client, job, ours)
     events = describe_text.job_events(job, events_of_job, events_of_pods)
-    sys.stdout.write(describe_text.describe(job, ours, events, datetime.now(UTC)))
+    sys.stdout.write(describe_text.describe(job, ours, events, datetime.now(UTC), node_labels))
     return 0
+
+
+async def _node_labels(client: ApiClient, job: dict[str, Any], pods: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """The labels of the pods' nodes when the job is placed by topology (a user who may not read
+    nodes sees no domains, and the rest as before)."""
+    from phalanx.cluster.client import ApiError
+
+    if not ((job.get("spec") or {}).get("placement") or {}).get("topology"):
+        return {}
+    names = sorted({str(pod["spec"]["nodeName"]) for pod in pods if (pod.get("spec") or {}).get("nodeName")})
+    labels: dict[str, dict[str, str]] = {}
+    for name in names:
+        try:
+            node = await client.get("v1", "Node", None, name)
+        except ApiError:
+            continue
+        labels[name] = dict((node.get("metadata") or {}).get("labels") or {})
+    return labels
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -265,6 +265,45 @@ def _pods(pods: Iterable[Mapping[str, Any]], current_attempt: int, now: datetime
     return [f"Pods (current attempt {current_attempt} first):", *table(headers, (row.cells for row in rows))]
 
 
+def rank_map(
+    spec: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    current_attempt: int,
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[str]:
+    """The current attempt's running workers in rank order, with their nodes and domains. The static
+    launcher's rank is the slot index; torchrun's c10d rendezvous numbers its agents in the sort
+    order of their addresses (PET_LOCAL_ADDR, the pod IP), which this reproduces."""
+    records = [pod_record(pod) for pod in pods]
+    running = [
+        record
+        for record in records
+        if record.role == naming.ROLE_WORKER and record.attempt == current_attempt and record.active
+        and record.node_name and record.pod_ip
+    ]  # fmt: skip
+    if not running:
+        return []
+    static = spec.get("launcher") == "static"
+    if static:
+        ordered = sorted(running, key=lambda record: record.index if record.index is not None else -1)
+    else:
+        ordered = sorted(running, key=lambda record: record.pod_ip or "")
+    key = ((spec.get("placement") or {}).get("topology") or {}).get("key")
+    headers = ["Rank", "Pod", "Node", *([key] if key else [])]
+    rows = []
+    for rank, record in enumerate(ordered):
+        row = [str(record.index if static else rank), record.name, record.node_name or NONE]
+        if key:
+            row.append((node_labels or {}).get(record.node_name or "", {}).get(key) or NONE)
+        rows.append(row)
+    how = (
+        "the slot indices"
+        if static
+        else "torchrun's node ranks: the pods' IPs in sort order, as the rendezvous assigns"
+    )
+    return [f"Ranks ({how}):", *table(headers, rows)]
+
+
 def _events(events: Sequence[Mapping[str, Any]], now: datetime) -> list[str]:
     if not events:
         return [field("Events", NONE)]
@@ -313,10 +352,16 @@ def time_by_state(status: Mapping[str, Any], now: datetime) -> list[str]:
 
 
 def describe(
-    job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], now: datetime
+    job: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    events: Sequence[Mapping[str, Any]],
+    now: datetime,
+    node_labels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> str:
     """The whole ``phalanx describe`` text for a TrainingJob, its pods and the Events of both
-    (``job_events`` chooses and orders them)."""
+    (``job_events`` chooses and orders them); ``node_labels``: the labels of the pods' nodes, for
+    the topology domain of each rank."""
+    pods = list(pods)
     metadata = job.get("metadata") or {}
     spec = job.get("spec") or {}
     status = job.get("status") or {}
@@ -371,7 +416,13 @@ def describe(
                 for entry in avoided
             ],
         )
+    placement = status.get("placement") or {}
+    topology = (spec.get("placement") or {}).get("topology") or {}
+    if topology:
+        where = placement.get("domain") or "chosen by the gang scheduler"
+        lines.append(field("Placement", f"{topology.get('key')} {topology.get('mode', 'required')}: {where}"))
     lines += _conditions(status, now)
     lines += _pods(pods, attempt, now)
+    lines += rank_map(spec, pods, attempt, node_labels)
     lines += _events(events, now)
     return "\n".join(lines) + "\n"

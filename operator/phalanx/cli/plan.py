@@ -111,6 +111,45 @@ def _gang_line(job: api.TrainingJob) -> str:
     return f"{gang.scheduler}{queue}, all of workers.min ({job.spec.workers.min}) placed together"
 
 
+def _request_line(request: dict[str, Any]) -> str:
+    exactly = request["exactly"]
+    where = " && ".join(selector["cel"]["expression"] for selector in exactly.get("selectors") or [])
+    return f"{exactly['count']} x {exactly['deviceClassName']}" + (f" where {where}" if where else "")
+
+
+def _claim_requests(devices: dict[str, Any]) -> str:
+    """A claim's requests in a line: pairs (a GPU and a NIC sharing an attribute) counted once."""
+    requests = {request["name"]: request for request in devices["requests"]}
+    constraints = devices.get("constraints") or []
+    paired = [
+        c
+        for c in constraints
+        if len(c["requests"]) == 2 and all(r.endswith(tuple("0123456789")) for r in c["requests"])
+    ]
+    if paired and len(paired) == len(constraints):
+        gpu, nic = (requests[name] for name in paired[0]["requests"])
+        return (
+            f"{len(paired)} pairs of ({_request_line(gpu)}) and ({_request_line(nic)}), "
+            f"each pair sharing {paired[0]['matchAttribute']}"
+        )
+    line = "; ".join(f"{name}: {_request_line(request)}" for name, request in requests.items())
+    shared = "; ".join(f"{'+'.join(c['requests'])} share {c['matchAttribute']}" for c in constraints)
+    return line + (f"; {shared}" if shared else "")
+
+
+def _placement_line(job: api.TrainingJob) -> str | None:
+    topology = job.spec.placement.topology if job.spec.placement is not None else None
+    if topology is None:
+        return None
+    scope = "every worker in one" if topology.mode == "required" else "the workers packed into as few"
+    domains = "domain" if topology.mode == "required" else "domains as fit"
+    how = {
+        "kueue": "Kueue's topology-aware scheduling chooses it",
+        "volcano": "Volcano's HyperNodes (PodGroup networkTopology, tier 1)",
+    }.get(job.spec.gang.scheduler, "the operator chooses the domain with the most room")
+    return f"{scope} {topology.key} {domains} ({topology.mode}); {how}"
+
+
 def _object_line(obj: dict[str, Any], result: Preview) -> str:
     name = obj["metadata"]["name"]
     if obj["kind"] == "PodGroup":
@@ -118,22 +157,8 @@ def _object_line(obj: dict[str, Any], result: Preview) -> str:
         resources = ", ".join(f"{k} {v}" for k, v in (spec.get("minResources") or {}).items())
         return f"PodGroup {name} ({obj['apiVersion']}): minMember {spec['minMember']}; minResources {resources}"
     if obj["kind"] == "ResourceClaimTemplate":
-        devices = obj["spec"]["spec"]["devices"]
-        requests = "; ".join(
-            f"{request['name']}: {request['exactly']['count']} x {request['exactly']['deviceClassName']}"
-            + (
-                f" where {' && '.join(s['cel']['expression'] for s in request['exactly']['selectors'])}"
-                if request["exactly"].get("selectors")
-                else ""
-            )
-            for request in devices["requests"]
-        )
-        shared = "; ".join(
-            f"{'+'.join(c['requests'])} share {c['matchAttribute']}" for c in devices.get("constraints") or []
-        )
-        return (
-            f"ResourceClaimTemplate {name} ({obj['apiVersion']}): one claim per worker pod, gone with it; "
-            f"{requests}" + (f"; {shared}" if shared else "")
+        return f"ResourceClaimTemplate {name} ({obj['apiVersion']}): one claim per worker pod, gone with it; " + (
+            _claim_requests(obj["spec"]["spec"]["devices"])
         )
     if obj["kind"] == "Service":
         port = obj["spec"]["ports"][0]["port"]
@@ -160,6 +185,9 @@ def summary(result: Preview) -> str:
         checkpoint = job.spec.checkpoint
         source = f"claim {checkpoint.claim_name}" if checkpoint.claim_name else f"volume {checkpoint.volume_name}"
         lines.append(f"  checkpoint  {source} at {checkpoint.mount_path}, keep {checkpoint.keep}")
+    placement = _placement_line(job)
+    if placement is not None:
+        lines.append(f"  placement   {placement}")
     lines.append(f"  failures    {_policy_line(job)}")
     if job.spec.suspend:
         lines.append("  suspended   nothing runs until spec.suspend is false")
