@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from phalanx.api import admission
+from phalanx.cli.plan import plan_documents
 from tests.cluster.kube import Kubectl, KubectlError
 from tests.unit.jobs import manifest
 from tests.unit.test_cel_rules import IMMUTABLE, REFUSED, SCHEMA_BOUNDS, WORDING
@@ -138,3 +139,20 @@ def test_offline_admission_stores_what_the_api_server_stores(
     assert stored is not None and predicted is not None
     assert predicted["spec"] == stored["spec"]
     assert predicted["status"] == stored["status"]
+
+
+@pytest.mark.parametrize("example", ["dra-gpus.yaml", "nvl72-compute-domain.yaml"])
+def test_what_phalanx_plan_renders_for_the_dra_examples_is_valid_for_the_api_server(
+    kubectl: Kubectl, crds: list[str], namespace: str, example: str
+) -> None:
+    """The claim template, the worker pods with their claims (the ComputeDomain's channel and the
+    job's devices) and the rest pass the API server's validation (a server-side dry run)."""
+    path = next(p for p in EXAMPLES if p.name == example)
+    objects, problems = plan_documents([str(path)], namespace=namespace, output="yaml")
+    assert problems == []
+    rendered = [obj for obj in yaml.safe_load_all("\n".join(objects)) if obj]
+    kinds = {obj["kind"] for obj in rendered}
+    assert {"ResourceClaimTemplate", "Pod", "Service"} <= kinds
+    for obj in rendered:
+        obj["metadata"].pop("ownerReferences")  # the job is not created here
+        kubectl.run("create", "--dry-run=server", f"--namespace={namespace}", "-f", "-", input=yaml.safe_dump(obj))

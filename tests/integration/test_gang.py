@@ -40,12 +40,12 @@ class NodePool:
         self.name = f"gang-{uuid.uuid4().hex[:6]}"
         self.nodes: list[str] = []
 
-    def add(self, count: int, gpus: int = 8, **node: Any) -> list[str]:
+    def add(self, count: int, gpus: int = 8, labels: dict[str, str] | None = None, **node: Any) -> list[str]:
         names = self.cluster.add_gpu_nodes(
             count,
             gpus_per_node=gpus,
             resource=GANG_GPU,
-            labels={POOL_LABEL: self.name},
+            labels={POOL_LABEL: self.name, **(labels or {})},
             name_prefix=f"{self.name}-{len(self.nodes)}-",
             **node,
         )
@@ -160,8 +160,8 @@ class DevicePool(NodePool):
         self.published: list[str] = []
         kubectl.apply(device_class(self.device_class, self.device_class))
 
-    def add(self, count: int, gpus: int = 4, **node: Any) -> list[str]:
-        names = super().add(count, gpus=0, **node)
+    def add(self, count: int, gpus: int = 4, labels: dict[str, str] | None = None, **node: Any) -> list[str]:
+        names = super().add(count, gpus=0, labels=labels, **node)
         slices = [resource_slice(name, self.device_class, [gpu(i) for i in range(gpus)]) for name in names]
         self.kubectl.apply(slices)
         self.published += [obj["metadata"]["name"] for obj in slices]
@@ -237,6 +237,92 @@ def test_coscheduling_binds_a_gang_of_dra_gpus_all_or_nothing(
     assert all(
         pool == pod["spec"]["nodeName"] for pod in pods for pool, _ in allocated_devices(kubectl, namespace, pod)
     )
+
+
+RACK = "topology.phalanx.dev/rack"
+
+
+def racks(pool: NodePool, layout: dict[str, int]) -> dict[str, str]:
+    """8-GPU nodes in racks of the pool's own (``<pool>-<rack>``): node -> rack."""
+    placed = {}
+    for rack, count in layout.items():
+        for node in pool.add(count, labels={RACK: f"{pool.name}-{rack}"}):
+            placed[node] = f"{pool.name}-{rack}"
+    return placed
+
+
+def placed_job(
+    kubectl: Kubectl, namespace: str, pool: NodePool, scheduler: str, mode: str = "required", **spec: Any
+) -> None:
+    body = manifest(
+        workers=spec.pop("workers", {"min": 3, "max": 4, "desired": 3}),
+        gpus={"count": 8, "resource": GANG_GPU},
+        gang={"scheduler": scheduler, **spec.pop("gang", {})},
+        placement={"topology": {"key": RACK, "mode": mode}},
+        template={"spec": {"containers": [TRAINER], "nodeSelector": {POOL_LABEL: pool.name}}},
+        **spec,
+    )
+    body["metadata"] = {"name": "placed"}
+    kubectl.create(body, namespace=namespace)
+
+
+@pytest.mark.parametrize("scheduler", ["none", "scheduler-plugins"])
+def test_required_placement_keeps_the_gang_and_its_growth_in_the_rack_the_operator_chose(
+    kubectl: Kubectl,
+    namespace: str,
+    pool: NodePool,
+    operator: OperatorProcess,
+    scheduler: str,
+    request: pytest.FixtureRequest,
+) -> None:
+    if scheduler == "scheduler-plugins":
+        request.getfixturevalue("coscheduling")
+    rack_of = racks(pool, {"a": 2, "b": 3})  # rack b alone can hold the gang of 3 x 8 GPUs
+    placed_job(kubectl, namespace, pool, scheduler)
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 60, name="placed")
+    assert state["placement"] == {"key": RACK, "domain": f"{pool.name}-b"}, state
+    pods = job_workers(kubectl, namespace, "placed")
+    assert {rack_of[pod["spec"]["nodeName"]] for pod in pods} == {f"{pool.name}-b"}
+    print(f"{scheduler}: 3 workers on {sorted(pod['spec']['nodeName'] for pod in pods)}")
+
+    # elastic growth stays in the rack: the fourth worker waits there though rack a has room
+    patch_spec(kubectl, namespace, "placed", {"workers": {"desired": 4}})
+    kubectl.wait_for(lambda: created(kubectl, namespace, "placed", 4), timeout=30, what="a fourth worker")
+    time.sleep(5)
+    pods = job_workers(kubectl, namespace, "placed")
+    assert bound(pods) == 3, [(p["metadata"]["name"], p["spec"].get("nodeName")) for p in pods]
+    fourth = next(pod for pod in pods if not pod["spec"].get("nodeName"))
+    terms = fourth["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert {"key": RACK, "operator": "In", "values": [f"{pool.name}-b"]} in terms["nodeSelectorTerms"][0][
+        "matchExpressions"
+    ]
+
+
+def test_a_gang_no_rack_can_hold_is_stalled_until_one_can(
+    kubectl: Kubectl, namespace: str, pool: NodePool, operator: OperatorProcess
+) -> None:
+    racks(pool, {"a": 2, "b": 2})
+    placed_job(kubectl, namespace, pool, "none")
+    state = wait_status(
+        kubectl, namespace, lambda s: s.get("reason") == "TopologyUnsatisfiable", "TopologyUnsatisfiable", name="placed"
+    )
+    print(f"unplaceable gang: {state['message']}")
+    assert {c["type"]: c["status"] for c in state["conditions"]}["Stalled"] == "True"
+    assert not job_workers(kubectl, namespace, "placed")
+    pool.add(1, labels={RACK: f"{pool.name}-b"})
+    state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 60, name="placed")
+    assert state["placement"]["domain"] == f"{pool.name}-b"
+
+
+def test_preferred_placement_packs_into_the_roomiest_rack_and_spills_over(
+    kubectl: Kubectl, namespace: str, pool: NodePool, operator: OperatorProcess
+) -> None:
+    rack_of = racks(pool, {"a": 2, "b": 3})
+    placed_job(kubectl, namespace, pool, "none", mode="preferred", workers={"min": 4, "max": 4, "desired": 4})
+    wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 60, name="placed")
+    used = sorted(rack_of[pod["spec"]["nodeName"]] for pod in job_workers(kubectl, namespace, "placed"))
+    print(f"preferred: 4 workers in {used}")
+    assert used == [f"{pool.name}-a", f"{pool.name}-b", f"{pool.name}-b", f"{pool.name}-b"]
 
 
 def recorded(kubectl: Kubectl, namespace: str) -> dict[str, tuple[str, int]]:
@@ -517,6 +603,50 @@ def test_kueue_0_17_admits_a_gang_of_dra_gpus_by_its_other_requests_and_the_sche
     print(f"admitted gang without devices: {state['reason']}: {state['message']}")
     second = job_workers(kubectl, namespace, "second")
     assert gated(second) == 0 and bound(second) == 0  # admitted, ungated, and no node has devices left
+
+
+def test_kueue_places_a_gang_in_one_rack_by_its_topology_aware_scheduling(
+    kubectl: Kubectl, namespace: str, pool: NodePool, kueue: Kueue, operator: OperatorProcess
+) -> None:
+    rack_of = racks(pool, {"a": 2, "b": 3})
+    kubectl.label("namespace", namespace, {KUEUE_NAMESPACE_LABEL: "true"})
+    suffix = uuid.uuid4().hex[:6]
+    topology = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Topology",
+        "metadata": {"name": f"racks-{suffix}"},
+        "spec": {"levels": [{"nodeLabel": RACK}, {"nodeLabel": "kubernetes.io/hostname"}]},
+    }
+    objects = kueue_queue(
+        namespace, "team", f"tas-{suffix}", f"tas-{suffix}", {"cpu": "1000", "memory": "10Ti", GANG_GPU: "64"}
+    )
+    objects[0]["spec"] = {"nodeLabels": {POOL_LABEL: pool.name}, "topologyName": f"racks-{suffix}"}
+    try:
+        for obj in [topology, *objects]:
+            kubectl.apply(obj)
+        placed_job(kubectl, namespace, pool, "kueue", gang={"queue": "team"})
+        state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 90, name="placed")
+        assert state["placement"] == {"key": RACK}, state  # Kueue chose, not the operator
+        pods = job_workers(kubectl, namespace, "placed")
+        assert {rack_of[pod["spec"]["nodeName"]] for pod in pods} == {f"{pool.name}-b"}
+        assert all(pod["spec"]["nodeSelector"].get(RACK) == f"{pool.name}-b" for pod in pods)  # Kueue's injection
+        assert all(pod["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] == RACK for pod in pods)
+    finally:
+        kubectl.delete("localqueue.kueue.x-k8s.io", "team", namespace=namespace, wait=False)
+        kubectl.delete("clusterqueue.kueue.x-k8s.io", f"tas-{suffix}", wait=False)
+        kubectl.delete("resourceflavor.kueue.x-k8s.io", f"tas-{suffix}", wait=False)
+        kubectl.delete("topology.kueue.x-k8s.io", f"racks-{suffix}", wait=False)
+
+
+def test_volcanos_podgroup_carries_the_network_topology(
+    kubectl: Kubectl, namespace: str, pool: NodePool, volcano_api: dict[str, Any], operator: OperatorProcess
+) -> None:
+    placed_job(kubectl, namespace, pool, "volcano", mode="preferred")
+    group = kubectl.wait_for(
+        lambda: kubectl.get("podgroups.scheduling.volcano.sh", "placed", namespace), timeout=30, what="the PodGroup"
+    )
+    assert isinstance(group, dict)
+    assert group["spec"]["networkTopology"] == {"mode": "soft", "highestTierAllowed": 1}  # kept by its schema
 
 
 def patch_spec(kubectl: Kubectl, namespace: str, name: str, spec: dict[str, Any]) -> None:

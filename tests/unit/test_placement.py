@@ -167,3 +167,18 @@ def test_volcano_gets_a_network_topology_on_its_podgroup() -> None:
         assert group["spec"]["networkTopology"] == {"mode": volcano_mode, "highestTierAllowed": 1}
         pod = desired.worker_pod(parsed, resolve_launch(parsed.spec), index=0, attempt=0)
         assert "affinity" not in pod["spec"]
+
+
+def test_only_nodes_the_template_admits_count_for_the_choice() -> None:
+    world = topology_job(template={"spec": {"nodeSelector": {"pool": "training"}}})
+    racks(world, {"rack-a": 3, "rack-b": 4})
+    for node, labels in world.node_labels.items():
+        if node.startswith("rack-a"):
+            labels["pool"] = "training"  # rack-b is larger, but not the job's pool
+    world.settle()
+    assert world.status["placement"]["domain"] == "rack-a"
+    kueue = topology_job(gang={"scheduler": "kueue", "queue": "team"})
+    racks(kueue, {"rack-a": 3})
+    kueue.settle()
+    annotations = kueue.workers()[0]["metadata"]["annotations"]
+    assert annotations["kueue.x-k8s.io/pod-group-pod-index-label"] == naming.WORKER_INDEX_LABEL

@@ -284,6 +284,7 @@ KUEUE_TOPOLOGY_ANNOTATIONS = {
     "required": "kueue.x-k8s.io/podset-required-topology",
     "preferred": "kueue.x-k8s.io/podset-preferred-topology",
 }
+KUEUE_POD_INDEX_LABEL_ANNOTATION = "kueue.x-k8s.io/pod-group-pod-index-label"
 TOPOLOGY_AFFINITY_WEIGHT = 100
 
 
@@ -554,6 +555,8 @@ def worker_pod(
         topology = spec.placement.topology if spec.placement is not None else None
         if topology is not None:  # Kueue's topology-aware scheduling chooses the domain
             annotations[KUEUE_TOPOLOGY_ANNOTATIONS[topology.mode]] = topology.key
+            # ... and places the pods in slot order, so neighbouring slots share a domain
+            annotations[KUEUE_POD_INDEX_LABEL_ANNOTATION] = naming.WORKER_INDEX_LABEL
 
     return _finish(
         {

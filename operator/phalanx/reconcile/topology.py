@@ -6,7 +6,8 @@ only says what it wants (pod annotations, the PodGroup's networkTopology). With 
 or no gang scheduler nothing looks ahead: a pod affinity would let the first pod's node decide the
 domain, and a gang could wait forever in a domain too small for it. So the operator chooses: the
 domain whose schedulable nodes (not avoided by the job) could hold the most workers by allocatable
-(ties: the first name), among those that hold at least workers.min. It is recorded in status and
+(ties: the first name), among those that hold at least workers.min; only nodes the pod template's
+nodeSelector and required node affinity admit are counted (taints are not judged). It is recorded in status and
 kept while a worker of the current attempt runs there or while it can still hold the gang, so
 elastic growth and spares stay in it; a gang restart that finds it too small chooses again. The
 operator does not see other tenants' pods, so a chosen domain may be busy: the gang then waits for
@@ -15,7 +16,9 @@ it as any gang waits for capacity (the limits are in docs/placement.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import capacity, desired
@@ -45,15 +48,50 @@ class Placed:
     stall: tuple[str, str] | None = None
 
 
+def _matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    key, operator = str(expression.get("key", "")), expression.get("operator")
+    values = [str(value) for value in expression.get("values") or []]
+    if operator == "In":
+        return labels.get(key) in values
+    if operator == "NotIn":
+        return labels.get(key) not in values
+    if operator == "Exists":
+        return key in labels
+    if operator == "DoesNotExist":
+        return key not in labels
+    return True  # Gt, Lt: not judged here (the scheduler does)
+
+
+def may_run_on(pod_spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether the template's nodeSelector and required node affinity (by labels) admit a node:
+    a domain the job's pods cannot use is never chosen for them."""
+    if any(labels.get(key) != value for key, value in (pod_spec.get("nodeSelector") or {}).items()):
+        return False
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms") or []
+    return not terms or any(
+        all(_matches(expression, labels) for expression in term.get("matchExpressions") or []) for term in terms
+    )
+
+
 def rooms(context: Context, memory: Memory, launch: Launch, key: str) -> list[Room]:
-    """Each domain of ``key`` with the workers its nodes could hold, most room first."""
+    """Each domain of ``key`` with the workers its nodes could hold, most room first (only nodes
+    the pod template admits, ``may_run_on``, and the job does not avoid)."""
     observed = context.observed
     per_worker = desired.worker_demand(context.job, launch)
+    template = context.spec.template.spec.model_dump(by_alias=True, exclude_none=True)
     avoided = set(memory.avoided_nodes)
     members: dict[str, list[str]] = {}
     for node, labels in observed.node_labels.items():
         value = labels.get(key)
-        if value is not None and node in observed.node_allocatable and node not in avoided:
+        if (
+            value is not None
+            and node in observed.node_allocatable
+            and node not in avoided
+            and may_run_on(template, labels)
+        ):
             members.setdefault(value, []).append(node)
     found = [
         Room(domain, capacity.workers_that_fit(per_worker, [observed.node_allocatable[n] for n in nodes]), len(nodes))
