@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from phalanx.cli import describe_text
 from phalanx.reconcile import naming
 from tests.cluster.kube import Kubectl
 from tests.integration.operator_process import OperatorProcess
@@ -84,6 +85,12 @@ def test_cpu_example_trains_two_workers_in_one_world(
     body = yaml.safe_load((ROOT / "examples" / "cpu-gloo.yaml").read_text())
     kubectl.create(body, namespace=namespace)
     with watched_phases(kubectl, namespace, "cpu-gloo") as phases:
+        # the rank of each pod as phalanx describe tells it, while the world trains
+        running = wait_phase(kubectl, namespace, "cpu-gloo", "Running", timeout=240)
+        job = kubectl.get("tj", "cpu-gloo", namespace)
+        assert job is not None
+        pods = kubectl.list("pods", namespace, naming.worker_selector("cpu-gloo"))
+        told = describe_text.rank_map(job["spec"], pods, int(running.get("attempt") or 0))
         final = wait_phase(kubectl, namespace, "cpu-gloo", "Succeeded", timeout=300)
         kubectl.wait_for(lambda: ("Succeeded", "Succeeded") in phases, timeout=10, what="the watch sees Succeeded")
     print(f"phases watched: {phases}")
@@ -109,6 +116,14 @@ def test_cpu_example_trains_two_workers_in_one_world(
         assert last[0] == 200 and last[1] < first[1] / 10, steps  # the loss went down
     ranks = {re.findall(r"joined rank=(\d) world_size=2", text)[-1] for text in texts}
     assert ranks == {"0", "1"}  # the two workers were two ranks of one world
+    # describe's rank map is the rendezvous's: the pods' IPs in sort order (one process per worker)
+    joined = {
+        pod: re.findall(r"joined rank=(\d) world_size=2", text)[-1]
+        for pod, text in zip(("cpu-gloo-worker-0", "cpu-gloo-worker-1"), texts, strict=True)
+    }
+    predicted = {line.split()[1]: line.split()[0] for line in told[3:]}  # below the heading and the header
+    print(f"ranks told by describe: {predicted}; joined: {joined}")
+    assert predicted == joined, told
 
 
 def elastic_job(name: str, namespace: str, steps: int) -> dict[str, Any]:
