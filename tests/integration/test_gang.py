@@ -629,7 +629,10 @@ def test_kueue_places_a_gang_in_one_rack_by_its_topology_aware_scheduling(
         assert state["placement"] == {"key": RACK}, state  # Kueue chose, not the operator
         pods = job_workers(kubectl, namespace, "placed")
         assert {rack_of[pod["spec"]["nodeName"]] for pod in pods} == {f"{pool.name}-b"}
-        assert all(pod["spec"]["nodeSelector"].get(RACK) == f"{pool.name}-b" for pod in pods)  # Kueue's injection
+        # Kueue assigned each pod a node of one rack (its lowest level) and ungated it with that node
+        assert all(
+            pod["spec"]["nodeSelector"].get("kubernetes.io/hostname") == pod["spec"]["nodeName"] for pod in pods
+        ), [(pod["spec"]["nodeName"], pod["spec"]["nodeSelector"]) for pod in pods]
         assert all(pod["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] == RACK for pod in pods)
     finally:
         kubectl.delete("localqueue.kueue.x-k8s.io", "team", namespace=namespace, wait=False)
