@@ -79,3 +79,13 @@ def test_access_and_pod_security_findings() -> None:
     assert doctor.judge_gang("volcano", "j", False, None, None).verdict == "problem"
     assert doctor.judge_gang("kueue", "j", True, "q", False).verdict == "problem"
     assert doctor.judge_gang("kueue", "j", True, "q", True).verdict == "ok"
+
+
+def test_a_job_whose_dra_device_class_is_missing_is_told_so() -> None:
+    assert doctor.judge_device_classes("j", [], ["gpu.nvidia.com"]) is None
+    served = doctor.judge_device_classes("j", ["gpu.nvidia.com"], ["gpu.nvidia.com"])
+    assert served is not None and served.verdict == "ok"
+    missing = doctor.judge_device_classes("j", ["gpu.example.com"], ["gpu.nvidia.com"])
+    assert missing is not None and missing.verdict == "problem" and "no DeviceClass is named" in missing.message
+    old = doctor.judge_device_classes("j", ["gpu.nvidia.com"], None)
+    assert old is not None and "does not serve resource.k8s.io/v1" in old.message

@@ -242,6 +242,26 @@ def judge_devices(
     return ok("devices", f"{job}: the nodes offer {', '.join(f'{v} {n}' for n, v in sorted(total.items()))}")
 
 
+def judge_device_classes(job: str, wanted: Sequence[str], classes: Sequence[str] | None) -> Finding | None:
+    """Whether the DeviceClasses a job's DRA devices name exist (None: the job asks for none)."""
+    if not wanted:
+        return None
+    if classes is None:
+        return problem(
+            "devices",
+            f"{job} asks for DRA devices of class {', '.join(wanted)}, and this cluster does not serve "
+            "resource.k8s.io/v1 (DRA needs Kubernetes 1.34 or later): ask for GPUs by gpus.resource instead",
+        )
+    missing = [name for name in wanted if name not in classes]
+    if missing:
+        return problem(
+            "devices",
+            f"{job} asks for DRA devices of class {', '.join(missing)}, which no DeviceClass is named: install the "
+            "DRA driver that publishes them (NVIDIA's DRA driver for GPUs: gpu.nvidia.com) or fix the name",
+        )
+    return ok("devices", f"{job}: DeviceClass {', '.join(wanted)} exists")
+
+
 def describe_devices(nodes: Sequence[Mapping[str, Decimal]], device_classes: Sequence[str] | None) -> Finding:
     """What the cluster offers in devices: extended resources on nodes, DRA device classes."""
     totals: dict[str, Decimal] = {}
@@ -456,6 +476,11 @@ async def diagnose(client: ApiClient, namespace: str, files: Sequence[str], now:
         if nodes_listed is not None:
             per_worker = desired.worker_requests(job, result.launch)
             findings.append(judge_devices(name, per_worker, job.spec.workers.min, nodes))
+        rdma = job.spec.network.rdma
+        dra = [c for c in (job.spec.gpus.device_class_name, rdma.device_class_name if rdma else None) if c]
+        dra_classes = judge_device_classes(name, list(dict.fromkeys(dra)), classes)
+        if dra_classes is not None:
+            findings.append(dra_classes)
         tried = {
             pod["metadata"]["name"]: await _dry_run(client, namespace, pod)
             for pod in [result.store(), *result.workers()[:1]]
