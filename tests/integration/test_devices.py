@@ -15,6 +15,7 @@ import pytest
 from phalanx.reconcile import naming
 from tests.cluster.kube import Kubectl
 from tests.integration.operator_process import OperatorProcess
+from tests.integration.scenario import TRAINER
 from tests.integration.test_operator import create, describe, job_status, wait_phase, workers
 
 pytestmark = pytest.mark.integration
@@ -98,23 +99,7 @@ def dra_job(gpus: int, **extra: Any) -> dict[str, Any]:
             "deviceClassName": GPU_CLASS,
             "selectors": ['device.attributes["gpu.dra.phalanx.dev"].model == "H100"'],
         },
-        "template": {
-            "spec": {
-                "nodeSelector": POOL,
-                "containers": [
-                    {
-                        "name": "trainer",
-                        "image": "example/train:1",
-                        "command": ["torchrun"],
-                        "args": ["train.py"],
-                        "resources": {
-                            "requests": {"cpu": "1", "memory": "1Gi"},
-                            "limits": {"cpu": "4", "memory": "4Gi"},
-                        },
-                    }
-                ],
-            }
-        },
+        "template": {"spec": {"nodeSelector": POOL, "containers": [TRAINER]}},
     }
     spec.update(copy.deepcopy(extra))
     return spec

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -56,6 +56,12 @@ class NodePool:
         for node in self.nodes:
             self.kubectl.delete("node", node, wait=False)
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
 
 @pytest.fixture(scope="module")
 def coscheduling(kwok_cluster: LocalCluster) -> Iterator[Coscheduling]:
@@ -68,11 +74,8 @@ def coscheduling(kwok_cluster: LocalCluster) -> Iterator[Coscheduling]:
 
 @pytest.fixture
 def pool(kwok_cluster: LocalCluster, kubectl: Kubectl) -> Iterator[NodePool]:
-    nodes = NodePool(kwok_cluster, kubectl)
-    try:
+    with NodePool(kwok_cluster, kubectl) as nodes:
         yield nodes
-    finally:
-        nodes.delete()
 
 
 def gang_job(
@@ -118,6 +121,24 @@ def bound(pods: list[dict[str, Any]]) -> int:
     return sum(1 for pod in pods if pod["spec"].get("nodeName"))
 
 
+def held_whole(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    """The job's status once it says why its gang waits, after 5 s in which no worker was bound."""
+    state = wait_status(
+        kubectl,
+        namespace,
+        lambda s: s.get("reason") in ("Unschedulable", "InsufficientCapacity"),
+        "the job says why its gang waits",
+        name=name,
+    )
+    print(f"waiting gang {name}: {state['phase']} {state['reason']}: {state['message']}")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # no partial allocation, however long it waits
+        pods = job_workers(kubectl, namespace, name)
+        assert bound(pods) == 0, pods
+        time.sleep(0.5)
+    return state
+
+
 def test_coscheduling_binds_a_gang_all_or_nothing_and_at_once_when_capacity_appears(
     kubectl: Kubectl, namespace: str, coscheduling: Coscheduling, pool: NodePool, operator: OperatorProcess
 ) -> None:
@@ -127,19 +148,8 @@ def test_coscheduling_binds_a_gang_all_or_nothing_and_at_once_when_capacity_appe
     pods = job_workers(kubectl, namespace, "big")
     assert {pod["spec"]["schedulerName"] for pod in pods} == {COSCHEDULING_SCHEDULER_NAME}
     # Unschedulable while other nodes of the session could hold it, InsufficientCapacity when not
-    state = wait_status(
-        kubectl,
-        namespace,
-        lambda s: s.get("reason") in ("Unschedulable", "InsufficientCapacity"),
-        "the job says why its gang waits",
-        name="big",
-    )
-    print(f"waiting gang: {state['phase']} {state['reason']}: {state['message']}")
+    state = held_whole(kubectl, namespace, "big")
     assert state["phase"] == "Pending"
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # no partial allocation, however long it waits
-        assert bound(job_workers(kubectl, namespace, "big")) == 0
-        time.sleep(0.5)
 
     added = time.monotonic()
     pool.add(1)
@@ -176,11 +186,8 @@ class DevicePool(NodePool):
 
 @pytest.fixture
 def device_pool(kwok_cluster: LocalCluster, kubectl: Kubectl) -> Iterator[DevicePool]:
-    nodes = DevicePool(kwok_cluster, kubectl)
-    try:
+    with DevicePool(kwok_cluster, kubectl) as nodes:
         yield nodes
-    finally:
-        nodes.delete()
 
 
 def dra_gang_job(
@@ -210,21 +217,9 @@ def test_coscheduling_binds_a_gang_of_dra_gpus_all_or_nothing(
 ) -> None:
     device_pool.add(2)  # 8 DRA GPUs for a gang of 3 x 4
     dra_gang_job(kubectl, namespace, "dra", device_pool, workers=3, gpus=4, scheduler="scheduler-plugins")
-    state = wait_status(
-        kubectl,
-        namespace,
-        lambda s: s.get("reason") in ("Unschedulable", "InsufficientCapacity"),
-        "the job says why its gang waits",
-        name="dra",
-    )
-    print(f"waiting DRA gang: {state['phase']} {state['reason']}: {state['message']}")
+    state = held_whole(kubectl, namespace, "dra")
     # the nodes of the session publish 8 devices of this class: no gang of 3 x 4 can ever fit
     assert state["reason"] == "InsufficientCapacity" and "4 device(s) of class" in state["message"], state
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # no partial allocation
-        pods = job_workers(kubectl, namespace, "dra")
-        assert bound(pods) == 0, pods
-        time.sleep(0.5)
 
     added = time.monotonic()
     device_pool.add(1)  # a third node's devices published: the whole gang binds
