@@ -41,6 +41,10 @@ def test_required_puts_every_worker_in_the_domain_with_room_for_them_and_growth_
     racks(world, {"rack-a": 2, "rack-b": 3, "rack-c": 4})
     world.settle()
     assert world.status["placement"] == {"key": RACK, "domain": "rack-c"}  # the most room
+    placed = [e for plan in world.plans for e in plan.events if e.reason == "Placed"]
+    assert [e.message for e in placed] == [
+        f"workers placed in {RACK}=rack-c: 4 schedulable node(s), room for 4 worker(s) by allocatable"
+    ]
     for pod in world.workers():
         assert {"key": RACK, "operator": "In", "values": ["rack-c"]} in node_terms(pod)[0]["matchExpressions"]
     world.run()

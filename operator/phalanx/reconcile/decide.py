@@ -124,6 +124,8 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         reason, message = unavailable
         return Decision(PhaseView("Pending", reason, message), memory, actions, stall=(reason, message))
     placed = topology.place(context, memory, launch, current)
+    if placed.room is not None and placed.domain != memory.domain and spec.placement and spec.placement.topology:
+        actions += event("Normal", "Placed", topology.placed_message(spec.placement.topology.key, placed.room))
     memory = replace(memory, domain=placed.domain)
     if placed.stall is not None and not any(pod.active for pod in current):
         reason, message = placed.stall

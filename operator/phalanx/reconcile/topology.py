@@ -46,6 +46,8 @@ class Placed:
 
     domain: str | None = None
     stall: tuple[str, str] | None = None
+    room: Room | None = None
+    """The chosen domain's room when this pass chose it (None: kept, or not chosen)."""
 
 
 def _matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -126,9 +128,9 @@ def place(context: Context, memory: Memory, launch: Launch, current: list[PodRec
         if running_there or any(room.domain == kept for room in viable):
             return Placed(kept, None if running_there else stall)
     if viable:
-        return Placed(viable[0].domain)
+        return Placed(viable[0].domain, room=viable[0])
     if topology.mode == "preferred" and found:
-        return Placed(found[0].domain)  # the most room, though not enough for all: the rest spill over
+        return Placed(found[0].domain, room=found[0])  # the most room, though not enough: the rest spill over
     return Placed(None, stall)
 
 
@@ -144,3 +146,9 @@ def unsatisfiable(topology: api.Topology, minimum: int, found: list[Room]) -> st
         f"can hold them: the largest, {best.domain} ({best.nodes} node(s)), holds {best.fits}; add nodes to a "
         "domain, lower workers.min or use mode preferred"
     )
+
+
+def placed_message(key: str, room: Room) -> str:
+    """The Event that says where the operator placed a job's workers."""
+    holds = "as many workers as its nodes take" if room.fits < 0 else f"room for {room.fits} worker(s)"
+    return f"workers placed in {key}={room.domain}: {room.nodes} schedulable node(s), {holds} by allocatable"
