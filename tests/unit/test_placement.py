@@ -186,3 +186,37 @@ def test_only_nodes_the_template_admits_count_for_the_choice() -> None:
     kueue.settle()
     annotations = kueue.workers()[0]["metadata"]["annotations"]
     assert annotations["kueue.x-k8s.io/pod-group-pod-index-label"] == naming.WORKER_INDEX_LABEL
+
+
+def test_a_gang_that_found_no_room_in_its_domain_for_a_while_moves_to_the_next_that_could_hold_it() -> None:
+    world = topology_job()
+    racks(world, {"rack-a": 3, "rack-b": 4})
+    world.settle()
+    assert world.status["placement"]["domain"] == "rack-b"
+    for pod in world.workers():  # other tenants' pods fill rack b
+        world.unschedulable(pod["metadata"]["name"], "0/7 nodes are available: 4 Insufficient nvidia.com/gpu.")
+    world.advance(60)
+    assert world.reconcile().delete == ()  # patience
+    world.advance(60)
+    moved = world.reconcile()
+    assert sorted(d.name for d in moved.delete) == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert world.status["placement"]["domain"] == "rack-a"
+    (event,) = [e for e in moved.events if e.reason == "Placed"]
+    assert "moved from rack-b, where none of the gang found room for 120s" in event.message
+    assert world.status["restarts"] == 0
+    world.finish_terminating()
+    world.settle()
+    assert len(world.workers()) == 3
+    assert all("rack-a" in str(node_terms(pod)) for pod in world.workers())
+
+
+def test_a_gang_partly_placed_is_never_moved() -> None:
+    world = topology_job()
+    racks(world, {"rack-a": 3, "rack-b": 4})
+    world.settle()
+    world.schedule_only("demo-worker-0", node="rack-b-0")
+    for name in ("demo-worker-1", "demo-worker-2"):
+        world.unschedulable(name, "0/7 nodes are available: 4 Insufficient nvidia.com/gpu.")
+    world.advance(600)
+    assert world.reconcile().delete == ()
+    assert world.status["placement"]["domain"] == "rack-b"

@@ -125,7 +125,15 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         return Decision(PhaseView("Pending", reason, message), memory, actions, stall=(reason, message))
     placed = topology.place(context, memory, launch, current)
     if placed.room is not None and placed.domain != memory.domain and spec.placement and spec.placement.topology:
-        actions += event("Normal", "Placed", topology.placed_message(spec.placement.topology.key, placed.room))
+        message = topology.placed_message(spec.placement.topology.key, placed.room)
+        if placed.left is not None:
+            # its pods are unplaced: recreated in the new domain once they are gone (not a restart)
+            waiting = [pod for pod in current if pod.active]
+            actions += context.removing(waiting)
+            message += (
+                f"; moved from {placed.left}, where none of the gang found room for {topology.PATIENCE_SECONDS:.0f}s"
+            )
+        actions += event("Normal", "Placed", message)
     memory = replace(memory, domain=placed.domain)
     if placed.stall is not None and not any(pod.active for pod in current):
         reason, message = placed.stall

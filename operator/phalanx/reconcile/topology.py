@@ -10,8 +10,10 @@ domain whose schedulable nodes (not avoided by the job) could hold the most work
 nodeSelector and required node affinity admit are counted (taints are not judged). It is recorded in status and
 kept while a worker of the current attempt runs there or while it can still hold the gang, so
 elastic growth and spares stay in it; a gang restart that finds it too small chooses again. The
-operator does not see other tenants' pods, so a chosen domain may be busy: the gang then waits for
-it as any gang waits for capacity (the limits are in docs/placement.md).
+operator does not see other tenants' pods, so a chosen domain may be busy: a gang that waited
+there ``PATIENCE_SECONDS`` with none of it placed is moved to the next domain that could hold it
+(its unplaced pods recreated there), so two gangs that chose one domain never wait on each other
+for good (the limits are in docs/placement.md).
 """
 
 from __future__ import annotations
@@ -25,9 +27,14 @@ from phalanx.reconcile import capacity, desired
 from phalanx.reconcile.decision import Context, Memory
 from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.status import parse_time
 
 OPERATOR_PLACED = ("none", "scheduler-plugins")
 """Gang schedulers under which the operator chooses the domain itself."""
+
+PATIENCE_SECONDS = 120.0
+"""How long a gang may wait, none of it placed, in a domain that others' pods keep full before the
+operator tries the next domain that could hold it (its waiting pods are recreated there)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,8 @@ class Placed:
     stall: tuple[str, str] | None = None
     room: Room | None = None
     """The chosen domain's room when this pass chose it (None: kept, or not chosen)."""
+    left: str | None = None
+    """The domain the gang waited in for ``PATIENCE_SECONDS`` without a place, when it moves."""
 
 
 def _matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -125,13 +134,33 @@ def place(context: Context, memory: Memory, launch: Launch, current: list[PodRec
             and context.observed.node_labels.get(pod.node_name, {}).get(topology.key) == kept
             for pod in current
         )
-        if running_there or any(room.domain == kept for room in viable):
-            return Placed(kept, None if running_there else stall)
+        if running_there:
+            return Placed(kept)
+        if any(room.domain == kept for room in viable):
+            others = [room for room in viable if room.domain != kept]
+            if others and waited_out(context, current):
+                # the next domain in order of room after the one it waited in, round the list
+                order = [room.domain for room in viable]
+                after = order.index(kept) + 1
+                chosen = next(room for room in viable[after:] + viable[:after] if room.domain != kept)
+                return Placed(chosen.domain, room=chosen, left=kept)
+            return Placed(kept, stall)
     if viable:
         return Placed(viable[0].domain, room=viable[0])
     if topology.mode == "preferred" and found:
         return Placed(found[0].domain, room=found[0])  # the most room, though not enough: the rest spill over
     return Placed(None, stall)
+
+
+def waited_out(context: Context, current: list[PodRecord]) -> bool:
+    """Every worker of the attempt is unplaced, the scheduler found no node for any of them, and the
+    first of them was created ``PATIENCE_SECONDS`` ago or more."""
+    waiting = [pod for pod in current if pod.active]
+    if not waiting or any(pod.scheduled or not pod.unschedulable_message for pod in waiting):
+        return False
+    created = [parse_time(pod.created) for pod in waiting]
+    first = min((moment for moment in created if moment is not None), default=None)
+    return first is not None and (context.now - first).total_seconds() >= PATIENCE_SECONDS
 
 
 def unsatisfiable(topology: api.Topology, minimum: int, found: list[Room]) -> str:
