@@ -189,6 +189,7 @@ def may(identity: Kubectl, verb: str, resource: str, namespace: str) -> bool:
         ("update", "trainingjobs.phalanx.dev --subresource=finalizers", True),
         ("update", "services", False),
         ("create", "resourceclaimtemplates.resource.k8s.io", True),
+        ("patch", "endpointslices.discovery.k8s.io", True),
         ("create", "resourceclaims.resource.k8s.io", False),  # the claim controller makes them
         ("watch", "workloads.kueue.x-k8s.io", True),
         ("patch", "workloads.kueue.x-k8s.io", False),

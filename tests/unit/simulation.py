@@ -164,6 +164,13 @@ class World:
                 labels[naming.WORKER_INDEX_LABEL] = str(move.index)
             labels[naming.ATTEMPT_LABEL] = str(move.to_attempt)
             annotations[naming.RENDEZVOUS_ID_ANNOTATION] = move.rendezvous_id
+        for given in result.address:  # the JSON patch's tests: that pod (UID) at that attempt
+            pod = self.pods.get(given.name)
+            if pod is None or pod["metadata"]["uid"] != given.uid:
+                continue
+            if pod["metadata"]["labels"].get(naming.ATTEMPT_LABEL) != str(given.attempt):
+                continue
+            pod["metadata"].setdefault("annotations", {})[naming.RANK_ADDRESS_ANNOTATION] = given.address
         for deletion in result.delete:
             pod = self.pods.get(deletion.name)
             if pod is None:

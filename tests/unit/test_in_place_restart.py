@@ -69,6 +69,7 @@ def test_a_supervised_pod_reads_its_attempt_from_a_downward_api_volume() -> None
         "rendezvous-id": "metadata.annotations['phalanx.dev/rendezvous-id']",
         "role": "metadata.labels['phalanx.dev/role']",
         "worker-index": "metadata.labels['phalanx.dev/worker-index']",
+        "rank-address": "metadata.annotations['phalanx.dev/rank-address']",
     }
     assert variables["PHALANX_WORKER_INDEX"] == "0"  # a worker's slot never changes; a spare's comes from the file
     mounts = pod["spec"]["containers"][0]["volumeMounts"]

@@ -220,3 +220,54 @@ def test_a_gang_partly_placed_is_never_moved() -> None:
     world.advance(600)
     assert world.reconcile().delete == ()
     assert world.status["placement"]["domain"] == "rack-b"
+
+
+def supervised_preferred_job(**spec: Any) -> World:
+    supervised = {"name": "trainer", "image": "example/train:1", "command": ["phalanx-supervise", "--", "torchrun"]}
+    spec.setdefault("workers", {"min": 4, "max": 4, "desired": 4})
+    return topology_job("preferred", template={"spec": {"containers": [supervised]}}, **spec)
+
+
+def test_ranks_follow_placement_through_rank_addresses_that_sort_by_domain() -> None:
+    world = supervised_preferred_job()
+    racks(world, {"rack-a": 2, "rack-b": 3})
+    world.settle()
+    service = world.objects[("Service", "demo-ranks")]
+    assert service["spec"]["clusterIP"] == "None" and "selector" not in service["spec"]
+    worker = world.workers()[0]
+    env = {var["name"]: var.get("value") for var in worker["spec"]["containers"][0]["env"]}
+    assert env["PHALANX_RANK_ADDRESS"] == "1"
+    items = worker["spec"]["volumes"][-1]["downwardAPI"]["items"]
+    assert {
+        "path": "rank-address",
+        "fieldRef": {"fieldPath": f"metadata.annotations['{naming.RANK_ADDRESS_ANNOTATION}']"},
+    } in items
+    # the scheduler spread them: slots 0 and 2 in rack a, 1 and 3 in rack b
+    for index, node in enumerate(("rack-a-0", "rack-b-0", "rack-a-1", "rack-b-1")):
+        world.run(f"demo-worker-{index}", node=node)
+        world.pods[f"demo-worker-{index}"]["status"]["podIP"] = f"10.0.0.{10 - index}"
+    world.reconcile()
+    slice_ = world.objects[("EndpointSlice.discovery.k8s.io", "demo-ranks")]
+    assert slice_["metadata"]["labels"]["kubernetes.io/service-name"] == "demo-ranks"
+    hosts = {e["addresses"][0]: e["hostname"] for e in slice_["endpoints"]}
+    addresses = {
+        name: pod["metadata"]["annotations"][naming.RANK_ADDRESS_ANNOTATION]
+        for name, pod in world.pods.items()
+        if name.startswith("demo-worker")
+    }
+    assert all(address.endswith(".demo-ranks.ml.svc") for address in addresses.values())
+    assert sorted(hosts.values()) == sorted(address.split(".")[0] for address in addresses.values())
+    # torchrun's order: the agents' addresses sorted; each rack's workers are neighbours
+    order = [name for name, _ in sorted(addresses.items(), key=lambda item: item[1])]
+    rack = {"demo-worker-0": "a", "demo-worker-1": "b", "demo-worker-2": "a", "demo-worker-3": "b"}
+    assert [rack[name] for name in order] in (list("aabb"), list("bbaa")), order
+    assert world.reconcile().address == ()  # given once
+
+
+def test_ranks_follow_placement_only_for_supervised_torchrun_jobs() -> None:
+    world = topology_job("preferred")  # the command is torchrun itself: no supervisor to wait
+    racks(world, {"rack-a": 3})
+    world.settle()
+    world.run()
+    plan = world.reconcile()
+    assert ("Service", "demo-ranks") not in world.objects and plan.address == ()

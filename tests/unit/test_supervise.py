@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.worker.protocol import ATTEMPT_FILE, RENDEZVOUS_ID_FILE, ROLE_FILE, SPARE_ROLE, WORKER_INDEX_FILE
+from phalanx.worker.protocol import (
+    ATTEMPT_FILE,
+    RANK_ADDRESS_FILE,
+    RENDEZVOUS_ID_FILE,
+    ROLE_FILE,
+    SPARE_ROLE,
+    WORKER_INDEX_FILE,
+)
 from phalanx.worker.supervise import Launch, classify, descendants, process_state, read_pod_info
 
 SUPERVISE = [sys.executable, "-m", "phalanx.worker.supervise"]
@@ -249,3 +256,28 @@ def _workers_of(supervisor: int) -> list[int]:
 def _parent(pid: int) -> int:
     state = process_state(pid)
     return state[1] if state is not None else -1
+
+
+def test_a_run_gets_its_rank_address_once_it_resolves_to_the_pod_and_the_pod_ip_after_the_wait(
+    tmp_path: Path, info: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from phalanx.worker import supervise
+
+    set_attempt(info, 2)
+    resolved: set[str] = set()
+    monkeypatch.setattr(supervise, "resolves_to", lambda name, own: name in resolved and own == "10.0.0.5")
+    env = {"PHALANX_RANK_ADDRESS": "1", "POD_IP": "10.0.0.5", "PHALANX_RANK_ADDRESS_WAIT_SECONDS": "1"}
+    supervisor = supervise.Supervisor(classify(["true"]), info_dir=info, stop_grace=1, restart_wait=1, env=env)
+    pod = read_pod_info(info)
+    assert supervisor._rank_address(pod) is None  # no address yet: after the wait, the pod IP
+    (info / RANK_ADDRESS_FILE).write_text("a1-0123abcd-00000-deadbeef.demo-ranks.ml.svc")  # an old attempt's
+    resolved.add("a1-0123abcd-00000-deadbeef.demo-ranks.ml.svc")
+    assert supervisor._rank_address(pod) is None
+    name = "a2-0123abcd-00000-feedbeef.demo-ranks.ml.svc"
+    (info / RANK_ADDRESS_FILE).write_text(name)
+    assert supervisor._rank_address(pod) is None  # not resolving (yet): never a name others cannot dial
+    resolved.add(name)
+    assert supervisor._rank_address(pod) == name
+    assert supervise.run_environment({"PET_LOCAL_ADDR": "10.0.0.5"}, pod, name)["PET_LOCAL_ADDR"] == name
+    plain = supervise.Supervisor(classify(["true"]), info_dir=info, stop_grace=1, restart_wait=1, env={})
+    assert plain._rank_address(pod) is None  # a job whose ranks do not follow placement

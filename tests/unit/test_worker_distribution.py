@@ -83,6 +83,7 @@ def test_the_supervisor_reads_the_files_and_directory_the_operator_mounts() -> N
         protocol.RENDEZVOUS_ID_FILE,
         protocol.ROLE_FILE,
         protocol.WORKER_INDEX_FILE,
+        protocol.RANK_ADDRESS_FILE,
     }
     assert items[protocol.ROLE_FILE] == f"metadata.labels['{naming.ROLE_LABEL}']"
     assert protocol.SPARE_ROLE == naming.ROLE_SPARE

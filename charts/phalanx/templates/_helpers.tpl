@@ -99,6 +99,11 @@ pods, then networkPolicy.jobs.scrapersFrom. */}}
 - apiGroups: [scheduling.x-k8s.io, scheduling.volcano.sh]
   resources: [podgroups]
   verbs: [get, list, watch, create, patch, delete]
+# Rank addresses of jobs placed by topology (docs/placement.md): the EndpointSlice of the job's
+# ranks Service, applied as its workers are placed; delete for the same reason as Services.
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch, create, patch, delete]
 # DRA devices (gpus.deviceClassName, network.rdma.deviceClassName): each job's ResourceClaimTemplate,
 # created once and watched; delete for the same reason as Services. Claims are made from it by
 # Kubernetes' resource claim controller, never by the operator.

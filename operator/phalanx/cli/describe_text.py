@@ -273,7 +273,8 @@ def rank_map(
 ) -> list[str]:
     """The current attempt's running workers in rank order, with their nodes and domains. The static
     launcher's rank is the slot index; torchrun's c10d rendezvous numbers its agents in the sort
-    order of their addresses (PET_LOCAL_ADDR, the pod IP), which this reproduces."""
+    order of their addresses (PET_LOCAL_ADDR: the pod's rank address when its job's ranks follow
+    placement, else the pod IP), which this reproduces."""
     records = [pod_record(pod) for pod in pods]
     running = [
         record
@@ -287,7 +288,7 @@ def rank_map(
     if static:
         ordered = sorted(running, key=lambda record: record.index if record.index is not None else -1)
     else:
-        ordered = sorted(running, key=lambda record: record.pod_ip or "")
+        ordered = sorted(running, key=lambda record: record.rank_address or record.pod_ip or "")
     key = ((spec.get("placement") or {}).get("topology") or {}).get("key")
     headers = ["Rank", "Pod", "Node", *([key] if key else [])]
     rows = []
@@ -299,7 +300,8 @@ def rank_map(
     how = (
         "the slot indices"
         if static
-        else "torchrun's node ranks: the pods' IPs in sort order, as the rendezvous assigns"
+        else "torchrun's node ranks: the agents' addresses in sort order (rank addresses, else pod IPs), as "
+        "the rendezvous assigns"
     )
     return [f"Ranks ({how}):", *table(headers, rows)]
 

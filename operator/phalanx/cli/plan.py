@@ -21,6 +21,7 @@ import yaml
 from phalanx.api import admission
 from phalanx.api import v1alpha1 as api
 from phalanx.cli.manifests import ManifestError, read_file
+from phalanx.reconcile import naming
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.preview import Preview, preview
 
@@ -163,6 +164,8 @@ def _object_line(obj: dict[str, Any], result: Preview) -> str:
     if obj["kind"] == "Service":
         port = obj["spec"]["ports"][0]["port"]
         what = "the rendezvous store" if name == result.store()["metadata"]["name"] else "worker DNS names"
+        if name == naming.ranks_service_name(result.job.metadata.name):
+            what = "the workers' rank addresses (ranks follow placement; its EndpointSlice names them once placed)"
         return f"Service {name}: headless, port {port}, for {what}"
     if obj is result.store():
         image = obj["spec"]["containers"][0]["image"]

@@ -40,7 +40,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, controller_of
 from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
-from phalanx.reconcile.actions import Move
+from phalanx.reconcile.actions import Address, Move
 from phalanx.reconcile.observed import ChildKey, Refusal, child_kind
 from phalanx.reconcile.plan import Plan, progress_only, status_changed
 
@@ -372,6 +372,16 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
             run.children.observe("MODIFIED", response)
 
     await asyncio.gather(*(move(pod) for pod in plan.move))
+
+    async def address(pod: Address) -> None:
+        response = await run.client.address_pod(
+            namespace, pod.name, uid=pod.uid, attempt=pod.attempt, address=pod.address
+        )
+        if response is not None:
+            run.children.observe("MODIFIED", response)
+
+    # after the objects: the rank names resolve (the EndpointSlice) before a supervisor reads them
+    await asyncio.gather(*(address(pod) for pod in plan.address))
 
     async def remove(kind: str, child: str, grace: int | None) -> None:
         pod = pods.get(child) if kind == "Pod" else None

@@ -542,6 +542,20 @@ class ApiClient:
             content_type="application/apply-patch+yaml",
         )
 
+    async def address_pod(
+        self, namespace: str, name: str, *, uid: str, attempt: int, address: str
+    ) -> dict[str, Any] | None:
+        """Give a worker pod its rank address (``naming.RANK_ADDRESS_ANNOTATION``): a JSON patch that
+        applies only to that pod (UID) at ``attempt``. None when it no longer applies."""
+        label = "/metadata/labels/" + naming.ATTEMPT_LABEL.replace("/", "~1")
+        annotation = "/metadata/annotations/" + naming.RANK_ADDRESS_ANNOTATION.replace("/", "~1")
+        body = [
+            {"op": "test", "path": "/metadata/uid", "value": uid},
+            {"op": "test", "path": label, "value": str(attempt)},
+            {"op": "add", "path": annotation, "value": address},
+        ]
+        return await self._patch_pod_if(namespace, name, body)
+
     async def move_pod(
         self,
         namespace: str,
@@ -575,6 +589,10 @@ class ApiClient:
             {"op": "replace", "path": label, "value": str(to_attempt)},
             {"op": "add", "path": annotation, "value": rendezvous_id},
         ]
+        return await self._patch_pod_if(namespace, name, body)
+
+    async def _patch_pod_if(self, namespace: str, name: str, body: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """A JSON patch of a pod whose tests say which pod it is for; None when they fail."""
         try:
             return await self.request(
                 "PATCH",

@@ -42,6 +42,7 @@ VOLCANO_POD_GROUPS = Resource("scheduling.volcano.sh/v1beta1", "podgroups", "Pod
 NODES = Resource("v1", "nodes", "Node", namespaced=False)
 KUEUE_WORKLOADS = Resource("kueue.x-k8s.io/v1beta2", "workloads", "Workload")
 NETWORK_POLICIES = Resource(desired.NETWORK_POLICY_API, "networkpolicies", "NetworkPolicy")
+ENDPOINT_SLICES = Resource(desired.ENDPOINT_SLICE_API, "endpointslices", "EndpointSlice")
 DEVICE_CLAIM_TEMPLATES = Resource(desired.RESOURCE_API, "resourceclaimtemplates", "ResourceClaimTemplate")
 RESOURCE_SLICES = Resource(desired.RESOURCE_API, "resourceslices", "ResourceSlice", namespaced=False)
 DEVICE_CLASSES = Resource(desired.RESOURCE_API, "deviceclasses", "DeviceClass", namespaced=False)
@@ -131,6 +132,7 @@ class Runtime:
                 (TRAINING_JOBS, runtime.jobs, None, False),
                 (PODS, runtime.children, owned, False),
                 (SERVICES, runtime.children, owned, False),
+                (ENDPOINT_SLICES, runtime.children, owned, False),  # rank addresses (docs/placement.md)
                 (COSCHEDULING_POD_GROUPS, runtime.children, owned, True),
                 (VOLCANO_POD_GROUPS, runtime.children, owned, True),
                 (DEVICE_CLAIM_TEMPLATES, runtime.children, owned, True),  # DRA: Kubernetes 1.34+

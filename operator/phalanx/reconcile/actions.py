@@ -35,6 +35,18 @@ class Move:
 
 
 @dataclass(frozen=True)
+class Address:
+    """The name a supervised worker's torchrun agent gives the rendezvous as its address
+    (``phalanx.dev/rank-address``), set only while the pod is that pod (UID) at that attempt: the
+    rendezvous numbers its agents in the sort order of these names (``topology.rank_addresses``)."""
+
+    name: str
+    uid: str
+    attempt: int
+    address: str
+
+
+@dataclass(frozen=True)
 class Event:
     """A Kubernetes Event to record on the TrainingJob."""
 
@@ -51,6 +63,7 @@ class Actions:
     events: tuple[Event, ...] = ()
     requeue: tuple[float, ...] = ()
     move: tuple[Move, ...] = ()
+    address: tuple[Address, ...] = ()
 
     def __add__(self, other: Actions) -> Actions:
         return Actions(
@@ -58,6 +71,7 @@ class Actions:
             self.events + other.events,
             self.requeue + other.requeue,
             self.move + other.move,
+            self.address + other.address,
         )
 
 

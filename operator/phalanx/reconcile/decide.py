@@ -232,6 +232,9 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         memory = kept_spares.memory
         wanted.extend(Wanted(spare, create_only=True) for spare in kept_spares.create)
         actions += kept_spares.actions
+    ranks_slice, addresses = topology.rank_addresses(context, memory, launch, current)
+    wanted.extend(Wanted(obj) for obj in (desired.ranks_service(job, launch), ranks_slice) if obj is not None)
+    actions += addresses
     writes = creation.writes(wanted, observed, job.metadata.uid, context.now)
     step = running_phase(context, memory, launch, current, store_pod, writes.blocked)
     assert step.view is not None

@@ -40,6 +40,7 @@ GPU_REQUEST = "gpus"
 NIC_REQUEST = "nics"
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
 NETWORK_POLICY_API = "networking.k8s.io/v1"
+ENDPOINT_SLICE_API = "discovery.k8s.io/v1"
 VOLCANO_TOPOLOGY_TIER = 1
 """The HyperNode tier a Volcano gang may span: configure Volcano's discovery so that tier 1 is the
 domains of placement.topology.key (docs/placement.md)."""
@@ -165,6 +166,61 @@ def rendezvous_service(job: api.TrainingJob) -> Object:
     )
 
 
+def ranks_follow_placement(job: api.TrainingJob, launch: Launch) -> bool:
+    """Whether the workers' torchrun agents get rank addresses that sort by topology domain: a job
+    placed by topology whose command runs phalanx-supervise (which gives torchrun the address)."""
+    placement = job.spec.placement
+    return (
+        placement is not None
+        and placement.topology is not None
+        and launch.supervised
+        and (launch.launcher == "torchrun")
+    )
+
+
+def ranks_service(job: api.TrainingJob, launch: Launch) -> Object | None:
+    """The headless Service without a selector under which the rank addresses resolve: its
+    EndpointSlice (``ranks_endpoint_slice``) names each worker (None unless ranks follow placement)."""
+    if not ranks_follow_placement(job, launch):
+        return None
+    port = job.spec.rendezvous.port
+    return _finish(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(job, naming.ranks_service_name(job.metadata.name)),
+            "spec": {
+                "clusterIP": "None",
+                "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}],
+            },
+        }
+    )
+
+
+def ranks_endpoint_slice(job: api.TrainingJob, entries: Sequence[tuple[str, str, str]]) -> Object:
+    """The ranks Service's endpoints: (host name, pod IP, node) of each worker that has a rank
+    address; DNS then resolves ``<host>.<job>-ranks.<namespace>.svc`` to the pod. One address
+    family: the first entry's (a pod has one primary IP)."""
+    family = "IPv6" if entries and ":" in entries[0][1] else "IPv4"
+    endpoints = [
+        {"addresses": [ip], "hostname": host, "nodeName": node, "conditions": {"ready": True}}
+        for host, ip, node in entries
+        if (":" in ip) == (family == "IPv6")
+    ]
+    service = naming.ranks_service_name(job.metadata.name)
+    labels = {naming.SERVICE_NAME_LABEL: service, naming.ENDPOINT_SLICE_MANAGER_LABEL: naming.ENDPOINT_SLICE_MANAGER}
+    return _finish(
+        {
+            "apiVersion": ENDPOINT_SLICE_API,
+            "kind": "EndpointSlice",
+            "metadata": _metadata(job, service, labels),
+            "addressType": family,
+            "endpoints": endpoints,
+            "ports": [{"name": "rendezvous", "port": job.spec.rendezvous.port, "protocol": "TCP"}],
+        }
+    )
+
+
 def workers_service(job: api.TrainingJob) -> Object | None:
     """For the static launcher: a headless Service over the workers, so that worker 0 has the
     stable DNS name every worker dials as MASTER_ADDR (None for launcher torchrun)."""
@@ -256,6 +312,7 @@ def pod_info_volume() -> dict[str, Any]:
         "rendezvous-id": f"metadata.annotations['{naming.RENDEZVOUS_ID_ANNOTATION}']",
         "role": f"metadata.labels['{naming.ROLE_LABEL}']",
         "worker-index": f"metadata.labels['{naming.WORKER_INDEX_LABEL}']",
+        "rank-address": f"metadata.annotations['{naming.RANK_ADDRESS_ANNOTATION}']",
     }
     return {
         "name": naming.POD_INFO_VOLUME,
@@ -403,6 +460,8 @@ def _trainer_container(
         index=index,
     )
     ours.append({"name": JOB_UID_ENV, "value": job.metadata.uid})
+    if ranks_follow_placement(job, launch):  # phalanx.worker.protocol.RANK_ADDRESS_ENV
+        ours.append({"name": "PHALANX_RANK_ADDRESS", "value": "1"})
     container["env"] = merge_env(ours, container.get("env"))
     resources = container.setdefault("resources", {})
     extra: dict[str, str] = dict(profile.extra_limits)

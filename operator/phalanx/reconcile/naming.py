@@ -29,6 +29,10 @@ CONTAINER_ANNOTATION = f"{PREFIX}/trainer-container"
 # supervisor reads (with the attempt label) from a downward-API volume; both change when the
 # gang restarts in place.
 RENDEZVOUS_ID_ANNOTATION = f"{PREFIX}/rendezvous-id"
+# On a supervised worker pod of a job placed by topology: the name its torchrun agent gives the
+# rendezvous as its address (PET_LOCAL_ADDR), which resolves to the pod through the job's ranks
+# Service; the rendezvous numbers agents in the sort order of these names (topology.rank_addresses).
+RANK_ADDRESS_ANNOTATION = f"{PREFIX}/rank-address"
 POD_INFO_VOLUME = "phalanx-pod-info"
 POD_INFO_DIR = "/etc/phalanx/pod"
 
@@ -82,6 +86,16 @@ def workers_service_name(job_name: str) -> str:
 def master_address(job_name: str, namespace: str) -> str:
     """Worker 0's stable DNS name: MASTER_ADDR of the static launcher."""
     return f"{worker_pod_name(job_name, 0)}.{workers_service_name(job_name)}.{namespace}.svc"
+
+
+def ranks_service_name(job_name: str) -> str:
+    """The headless Service (and its EndpointSlice) under which workers' rank addresses resolve."""
+    return f"{job_name}-ranks"
+
+
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+ENDPOINT_SLICE_MANAGER_LABEL = "endpointslice.kubernetes.io/managed-by"
+ENDPOINT_SLICE_MANAGER = "phalanx.dev"
 
 
 DEVICE_CLAIM = "devices"

@@ -51,6 +51,8 @@ class PodRecord:
     rendezvous_id: str | None = None
     """The ``phalanx.dev/rendezvous-id`` annotation: set on pods whose command runs
     phalanx-supervise, which can be moved to a new attempt in place."""
+    rank_address: str | None = None
+    """The ``phalanx.dev/rank-address`` annotation (``topology.rank_addresses``)."""
 
     @property
     def finished(self) -> bool:
@@ -328,6 +330,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         metrics_port=_metrics_port(pod),
         host_network=bool((pod.get("spec") or {}).get("hostNetwork")),
         rendezvous_id=annotations.get(naming.RENDEZVOUS_ID_ANNOTATION),
+        rank_address=annotations.get(naming.RANK_ADDRESS_ANNOTATION),
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming
-from phalanx.reconcile.actions import NOTHING, Deletion, Event, Move
+from phalanx.reconcile.actions import NOTHING, Address, Deletion, Event, Move
 from phalanx.reconcile.decide import decide
 from phalanx.reconcile.decision import Context, Decision, Memory, concluded, finish
 from phalanx.reconcile.goodput import time_by_state
@@ -36,6 +36,7 @@ class Plan:
     apply: tuple[Object, ...] = ()
     delete: tuple[Deletion, ...] = ()
     move: tuple[Move, ...] = ()
+    address: tuple[Address, ...] = ()
     status: dict[str, Any] = field(default_factory=dict)
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
@@ -45,7 +46,7 @@ class Plan:
     @property
     def changes_children(self) -> bool:
         """Whether the plan creates, changes or deletes anything besides status."""
-        return bool(self.apply or self.delete or self.move or self.delete_job)
+        return bool(self.apply or self.delete or self.move or self.address or self.delete_job)
 
 
 def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: Decision) -> Plan:
@@ -139,6 +140,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         apply=decision.apply,
         delete=deletions,
         move=tuple(dict.fromkeys(decision.actions.move)),
+        address=tuple(dict.fromkeys(decision.actions.address)),
         status=status,
         events=tuple(events),
         requeue_after=min(requeue) if requeue else None,

@@ -2,7 +2,8 @@
 
 The objects come from the same builders the planner's first passes use, in the order it creates
 them: the ResourceClaimTemplate of DRA devices, the gang's PodGroup, the Services, the rendezvous
-store, then every worker of attempt 0.
+store, the ranks Service (ranks that follow placement), then every worker of attempt 0. The ranks
+Service's EndpointSlice is not shown: it names the workers once they are placed.
 Only what the API server assigns is invented: the job's UID (a placeholder, so the rendezvous id
 reads ``00000000-0``) and the namespace when the manifest names none.
 """
@@ -61,5 +62,8 @@ def preview(stored: dict[str, Any], namespace: str = "default") -> Preview:
     if workers_service is not None:
         objects.append(workers_service)
     objects.append(desired.rendezvous_store_pod(job, launch))
+    ranks = desired.ranks_service(job, launch)
+    if ranks is not None:
+        objects.append(ranks)
     objects.extend(desired.worker_pod(job, launch, index=index, attempt=0) for index in range(job.spec.workers.desired))
     return Preview(job=job, launch=launch, objects=tuple(objects))

@@ -18,15 +18,18 @@ for good (the limits are in docs/placement.md).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import capacity, desired
+from phalanx.reconcile import capacity, desired, naming
+from phalanx.reconcile.actions import NOTHING, Actions, Address
 from phalanx.reconcile.decision import Context, Memory
+from phalanx.reconcile.desired import Object
 from phalanx.reconcile.environment import Launch
-from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.observed import PodRecord, child_kind
 from phalanx.reconcile.status import parse_time
 
 OPERATOR_PLACED = ("none", "scheduler-plugins")
@@ -181,3 +184,41 @@ def placed_message(key: str, room: Room) -> str:
     """The Event that says where the operator placed a job's workers."""
     holds = "as many workers as its nodes take" if room.fits < 0 else f"room for {room.fits} worker(s)"
     return f"workers placed in {key}={room.domain}: {room.nodes} schedulable node(s), {holds} by allocatable"
+
+
+def rank_host(attempt: int, domain: str | None, index: int, uid: str) -> str:
+    """A worker's host name under the ranks Service: the attempt, then a digest of its domain, then
+    its slot, so that sorted names put each domain's workers next to each other (the digest keeps
+    any label value within a DNS label); the UID's start makes each pod's name its own, so a
+    resolver's cached answer never points at a replaced pod."""
+    digest = hashlib.sha256((domain or "").encode()).hexdigest()[:8]
+    return f"a{attempt}-{digest}-{index:05d}-{uid.replace('-', '')[:8]}"
+
+
+def rank_addresses(
+    context: Context, memory: Memory, launch: Launch, current: list[PodRecord]
+) -> tuple[Object | None, Actions]:
+    """Ranks follow placement (``desired.ranks_follow_placement``): the EndpointSlice that names
+    each placed worker of the attempt under the ranks Service, and the pods to give their names.
+    torchrun's rendezvous numbers its agents in the sort order of their addresses, and
+    ``rank_host`` sorts by domain, so the workers of a domain get adjacent node ranks."""
+    job = context.job
+    topology = job.spec.placement.topology if job.spec.placement is not None else None
+    if topology is None or not desired.ranks_follow_placement(job, launch):
+        return None, NOTHING
+    service = naming.ranks_service_name(job.metadata.name)
+    entries: list[tuple[str, str, str]] = []
+    actions = NOTHING
+    for pod in sorted(current, key=lambda record: record.index if record.index is not None else -1):
+        if not (pod.active and pod.pod_ip and pod.node_name and pod.index is not None and pod.uid):
+            continue
+        domain = context.observed.node_labels.get(pod.node_name, {}).get(topology.key)
+        host = rank_host(memory.attempt, domain, pod.index, pod.uid)
+        entries.append((host, pod.pod_ip, pod.node_name))
+        address = f"{host}.{service}.{job.metadata.namespace}.svc"
+        if pod.rank_address != address:
+            actions += Actions(address=(Address(pod.name, pod.uid, memory.attempt, address),))
+    slice_ = desired.ranks_endpoint_slice(job, entries)
+    exists = context.observed.has(child_kind(slice_["apiVersion"], slice_["kind"]), service)
+    # written once a worker is placed, and kept current (emptied when none is) from then on
+    return (slice_ if entries or exists else None), actions

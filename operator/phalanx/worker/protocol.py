@@ -18,3 +18,10 @@ SPARE_ROLE = "spare"
 WORKER_INDEX_FILE = "worker-index"
 """In that directory: the pod's worker slot (its ``phalanx.dev/worker-index`` label; empty on a
 spare), given to each run as ``PHALANX_WORKER_INDEX``."""
+RANK_ADDRESS_FILE = "rank-address"
+"""In that directory: the name the run's torchrun agent gives the rendezvous as its address (the
+``phalanx.dev/rank-address`` annotation, empty until the operator sets it; it starts with ``a<attempt>-``).
+The rendezvous numbers agents in the sort order of their addresses, so these names decide ranks."""
+RANK_ADDRESS_ENV = "PHALANX_RANK_ADDRESS"
+"""Set to 1 when the operator gives the pod rank addresses: the supervisor then waits (a while) for
+the attempt's address to resolve to the pod before it starts torchrun with it."""

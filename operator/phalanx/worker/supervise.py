@@ -39,6 +39,7 @@ import os
 import re
 import runpy
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,6 +52,8 @@ from typing import Any
 from phalanx.worker.protocol import (
     ATTEMPT_FILE,
     POD_INFO_DIR_ENV,
+    RANK_ADDRESS_ENV,
+    RANK_ADDRESS_FILE,
     RENDEZVOUS_ID_FILE,
     ROLE_FILE,
     SPARE_ROLE,
@@ -59,6 +62,8 @@ from phalanx.worker.protocol import (
 
 STOP_GRACE_ENV = "PHALANX_STOP_GRACE_SECONDS"
 RESTART_WAIT_ENV = "PHALANX_RESTART_WAIT_SECONDS"
+RANK_ADDRESS_WAIT_ENV = "PHALANX_RANK_ADDRESS_WAIT_SECONDS"
+DEFAULT_RANK_ADDRESS_WAIT_SECONDS = 20.0
 DEFAULT_STOP_GRACE_SECONDS = 30.0
 DEFAULT_RESTART_WAIT_SECONDS = 10.0
 POLL_SECONDS = 0.1
@@ -75,6 +80,7 @@ class PodInfo:
     rendezvous_id: str | None
     role: str | None = None
     worker_index: str | None = None
+    rank_address: str | None = None
 
     @property
     def spare(self) -> bool:
@@ -98,6 +104,7 @@ def _read_once(directory: Path) -> PodInfo | None:
         _read(directory / RENDEZVOUS_ID_FILE),
         role=_read(directory / ROLE_FILE),
         worker_index=_read(directory / WORKER_INDEX_FILE),
+        rank_address=_read(directory / RANK_ADDRESS_FILE),
     )
 
 
@@ -114,8 +121,9 @@ def read_pod_info(directory: Path) -> PodInfo | None:
     return seen
 
 
-def run_environment(base: Mapping[str, str], info: PodInfo | None) -> dict[str, str]:
-    """The command's environment for one attempt."""
+def run_environment(base: Mapping[str, str], info: PodInfo | None, rank_address: str | None = None) -> dict[str, str]:
+    """The command's environment for one attempt; ``rank_address``: the agent's address (its rank
+    order, ``resolved_rank_address``), else the pod IP the operator gave."""
     env = dict(base)
     if info is not None:
         env["PHALANX_ATTEMPT"] = info.attempt
@@ -123,7 +131,18 @@ def run_environment(base: Mapping[str, str], info: PodInfo | None) -> dict[str, 
             env["PET_RDZV_ID"] = info.rendezvous_id
         if info.worker_index is not None:
             env["PHALANX_WORKER_INDEX"] = info.worker_index
+    if rank_address:
+        env["PET_LOCAL_ADDR"] = rank_address
     return env
+
+
+def resolves_to(name: str, address: str | None) -> bool:
+    """Whether ``name`` resolves, to ``address`` when one is given (the pod's own IP)."""
+    try:
+        found = {str(entry[4][0]) for entry in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return False
+    return bool(found) and (address is None or address in found)
 
 
 # -- how a command is run -------------------------------------------------------------------------
@@ -391,12 +410,34 @@ class Supervisor:
         while True:
             attempt = info.attempt if info else "-"
             self.say(f"attempt {attempt}: starting {self.launch.kind} {' '.join(self.launch.argv)}")
-            run = Run(self.launch, run_environment(self.env, info))
+            run = Run(self.launch, run_environment(self.env, info, self._rank_address(info)))
             code, next_info = self._watch(run, info)
             if next_info is None:
                 return code
             self.say(f"attempt {next_info.attempt}: restarting in place (the last run ended with {code})")
             info = next_info
+
+    def _rank_address(self, info: PodInfo | None) -> str | None:
+        """In a job whose ranks follow placement (``PHALANX_RANK_ADDRESS``): the attempt's rank
+        address once the operator has set it and it resolves to this pod, so that the rendezvous
+        numbers this agent among its domain's; after PHALANX_RANK_ADDRESS_WAIT_SECONDS without it,
+        None (the pod IP: the run starts anyway, its rank by IP)."""
+        if info is None or self.env.get(RANK_ADDRESS_ENV) != "1":
+            return None
+        prefix = f"a{info.attempt}-"
+        deadline = time.monotonic() + float(self.env.get(RANK_ADDRESS_WAIT_ENV, DEFAULT_RANK_ADDRESS_WAIT_SECONDS))
+        own = self.env.get("POD_IP")
+        while not self.terminating:
+            now = self.info()
+            name = now.rank_address if now is not None and now.attempt == info.attempt else None
+            if name and name.startswith(prefix) and resolves_to(name, own):
+                self.say(f"attempt {info.attempt}: rank address {name}")
+                return name
+            if time.monotonic() >= deadline:
+                self.say(f"attempt {info.attempt}: no rank address resolved in time ({name or 'none'}): the pod IP")
+                return None
+            time.sleep(POLL_SECONDS * 2)
+        return None
 
     def _watch(self, run: Run, info: PodInfo | None) -> tuple[int, PodInfo | None]:
         """Wait for the run to end, or for a new attempt (then stop the run); returns the exit code
