@@ -271,3 +271,19 @@ def test_ranks_follow_placement_only_for_supervised_torchrun_jobs() -> None:
     world.run()
     plan = world.reconcile()
     assert ("Service", "demo-ranks") not in world.objects and plan.address == ()
+
+
+def test_pods_kept_through_an_in_place_restart_get_the_new_attempts_addresses_with_the_move() -> None:
+    world = supervised_preferred_job(failurePolicy={"backoffSeconds": 0})
+    racks(world, {"rack-a": 4})
+    world.settle()
+    world.run(node="rack-a-0")
+    world.reconcile()
+    world.delete_pod("demo-rdzv")  # the store lost: the gang restarts in place
+    plan = world.reconcile()
+    for _ in range(3):
+        if plan.move:
+            break
+        plan = world.reconcile()
+    assert plan.move and {given.name for given in plan.address} == {move.name for move in plan.move}
+    assert all(given.address.startswith("a1-") and given.attempt == 1 for given in plan.address)

@@ -187,8 +187,12 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         leaving = [pod for pod in stale if pod not in moving]
         if leaving:
             message += "; " + old_workers_message(context, leaving)
+        # the new attempt's rank addresses with the move, so the restarted agents need not wait a pass
+        ranks_slice, addresses = topology.rank_addresses(context, memory, launch, moving)
+        wanted.extend(Wanted(obj) for obj in (ranks_slice,) if obj is not None)
         return held(
-            PhaseView("Restarting", "GangRestart", message), more=restarts.moving(context, moving, memory.attempt)
+            PhaseView("Restarting", "GangRestart", message),
+            more=restarts.moving(context, moving, memory.attempt) + addresses,
         )
     active = sum(1 for pod in current if pod.active)
     if stale and active < spec.workers.min:
