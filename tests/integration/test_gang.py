@@ -309,14 +309,22 @@ def test_a_gang_no_rack_can_hold_is_stalled_until_one_can(
     assert state["placement"]["domain"] == f"{pool.name}-b"
 
 
+@pytest.mark.parametrize("scheduler", ["none", "scheduler-plugins"])
 def test_preferred_placement_packs_into_the_roomiest_rack_and_spills_over(
-    kubectl: Kubectl, namespace: str, pool: NodePool, operator: OperatorProcess
+    kubectl: Kubectl,
+    namespace: str,
+    pool: NodePool,
+    operator: OperatorProcess,
+    scheduler: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    if scheduler == "scheduler-plugins":
+        request.getfixturevalue("coscheduling")
     rack_of = racks(pool, {"a": 2, "b": 3})
-    placed_job(kubectl, namespace, pool, "none", mode="preferred", workers={"min": 4, "max": 4, "desired": 4})
+    placed_job(kubectl, namespace, pool, scheduler, mode="preferred", workers={"min": 4, "max": 4, "desired": 4})
     wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 60, name="placed")
     used = sorted(rack_of[pod["spec"]["nodeName"]] for pod in job_workers(kubectl, namespace, "placed"))
-    print(f"preferred: 4 workers in {used}")
+    print(f"{scheduler} preferred: 4 workers in {used}")
     assert used == [f"{pool.name}-a", f"{pool.name}-b", f"{pool.name}-b", f"{pool.name}-b"]
 
 
@@ -600,8 +608,9 @@ def test_kueue_0_17_admits_a_gang_of_dra_gpus_by_its_other_requests_and_the_sche
     assert gated(second) == 0 and bound(second) == 0  # admitted, ungated, and no node has devices left
 
 
+@pytest.mark.parametrize("mode", ["required", "preferred"])
 def test_kueue_places_a_gang_in_one_rack_by_its_topology_aware_scheduling(
-    kubectl: Kubectl, namespace: str, pool: NodePool, kueue: Kueue, operator: OperatorProcess
+    kubectl: Kubectl, namespace: str, pool: NodePool, kueue: Kueue, operator: OperatorProcess, mode: str
 ) -> None:
     rack_of = racks(pool, {"a": 2, "b": 3})
     kubectl.label("namespace", namespace, {KUEUE_NAMESPACE_LABEL: "true"})
@@ -619,7 +628,7 @@ def test_kueue_places_a_gang_in_one_rack_by_its_topology_aware_scheduling(
     try:
         for obj in [topology, *objects]:
             kubectl.apply(obj)
-        placed_job(kubectl, namespace, pool, "kueue", gang={"queue": "team"})
+        placed_job(kubectl, namespace, pool, "kueue", mode=mode, gang={"queue": "team"})
         state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 90, name="placed")
         assert state["placement"] == {"key": RACK}, state  # Kueue chose, not the operator
         pods = job_workers(kubectl, namespace, "placed")
@@ -628,7 +637,9 @@ def test_kueue_places_a_gang_in_one_rack_by_its_topology_aware_scheduling(
         assert all(
             pod["spec"]["nodeSelector"].get("kubernetes.io/hostname") == pod["spec"]["nodeName"] for pod in pods
         ), [(pod["spec"]["nodeName"], pod["spec"]["nodeSelector"]) for pod in pods]
-        assert all(pod["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"] == RACK for pod in pods)
+        annotation = f"kueue.x-k8s.io/podset-{mode}-topology"
+        assert all(pod["metadata"]["annotations"][annotation] == RACK for pod in pods)
+        print(f"kueue {mode}: 3 workers in {sorted(rack_of[pod['spec']['nodeName']] for pod in pods)}")
     finally:
         kubectl.delete("localqueue.kueue.x-k8s.io", "team", namespace=namespace, wait=False)
         kubectl.delete("clusterqueue.kueue.x-k8s.io", f"tas-{suffix}", wait=False)
