@@ -261,17 +261,19 @@ def placed_job(
     kubectl.create(body, namespace=namespace)
 
 
-@pytest.mark.parametrize("scheduler", ["none", "scheduler-plugins"])
-def test_required_placement_keeps_the_gang_and_its_growth_in_the_rack_the_operator_chose(
-    kubectl: Kubectl,
-    namespace: str,
-    pool: NodePool,
-    operator: OperatorProcess,
-    scheduler: str,
-    request: pytest.FixtureRequest,
-) -> None:
-    if scheduler == "scheduler-plugins":
+@pytest.fixture(params=["none", "scheduler-plugins"])
+def operator_placed(request: pytest.FixtureRequest) -> str:
+    """A gang scheduler under which the operator places by topology itself (Coscheduling started
+    for its case)."""
+    if request.param == "scheduler-plugins":
         request.getfixturevalue("coscheduling")
+    return str(request.param)
+
+
+def test_required_placement_keeps_the_gang_and_its_growth_in_the_rack_the_operator_chose(
+    kubectl: Kubectl, namespace: str, pool: NodePool, operator: OperatorProcess, operator_placed: str
+) -> None:
+    scheduler = operator_placed
     rack_of = racks(pool, {"a": 2, "b": 3})  # rack b alone can hold the gang of 3 x 8 GPUs
     placed_job(kubectl, namespace, pool, scheduler)
     state = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 60, name="placed")
@@ -309,17 +311,10 @@ def test_a_gang_no_rack_can_hold_is_stalled_until_one_can(
     assert state["placement"]["domain"] == f"{pool.name}-b"
 
 
-@pytest.mark.parametrize("scheduler", ["none", "scheduler-plugins"])
 def test_preferred_placement_packs_into_the_roomiest_rack_and_spills_over(
-    kubectl: Kubectl,
-    namespace: str,
-    pool: NodePool,
-    operator: OperatorProcess,
-    scheduler: str,
-    request: pytest.FixtureRequest,
+    kubectl: Kubectl, namespace: str, pool: NodePool, operator: OperatorProcess, operator_placed: str
 ) -> None:
-    if scheduler == "scheduler-plugins":
-        request.getfixturevalue("coscheduling")
+    scheduler = operator_placed
     rack_of = racks(pool, {"a": 2, "b": 3})
     placed_job(kubectl, namespace, pool, scheduler, mode="preferred", workers={"min": 4, "max": 4, "desired": 4})
     wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 60, name="placed")
