@@ -287,3 +287,22 @@ def test_pods_kept_through_an_in_place_restart_get_the_new_attempts_addresses_wi
         plan = world.reconcile()
     assert plan.move and {given.name for given in plan.address} == {move.name for move in plan.move}
     assert all(given.address.startswith("a1-") and given.attempt == 1 for given in plan.address)
+
+
+def test_a_sigkill_after_the_move_was_recorded_still_moves_the_unplaced_pods() -> None:
+    world = topology_job()
+    racks(world, {"rack-a": 3, "rack-b": 4})
+    world.settle()
+    assert all(pod["metadata"]["annotations"][naming.DOMAIN_ANNOTATION] == "rack-b" for pod in world.workers())
+    for pod in world.workers():
+        world.unschedulable(pod["metadata"]["name"], "0/7 nodes are available: 4 Insufficient nvidia.com/gpu.")
+    world.advance(120)
+    world.carry_out(world.plan(), stop_after_status=True)  # the status says rack-a; no pod was deleted
+    assert world.status["placement"]["domain"] == "rack-a" and len(world.workers()) == 3
+    again = world.reconcile()
+    assert sorted(d.name for d in again.delete) == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert [e for e in again.events if e.reason == "Placed"] == []  # announced once, before the SIGKILL
+    world.finish_terminating()
+    world.settle()
+    assert len(world.workers()) == 3 and all("rack-a" in str(node_terms(pod)) for pod in world.workers())
+    assert world.status["restarts"] == 0

@@ -127,14 +127,17 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
     if placed.room is not None and placed.domain != memory.domain and spec.placement and spec.placement.topology:
         message = topology.placed_message(spec.placement.topology.key, placed.room)
         if placed.left is not None:
-            # its pods are unplaced: recreated in the new domain once they are gone (not a restart)
-            waiting = [pod for pod in current if pod.active]
-            actions += context.removing(waiting)
             message += (
                 f"; moved from {placed.left}, where none of the gang found room for {topology.PATIENCE_SECONDS:.0f}s"
             )
         actions += event("Normal", "Placed", message)
     memory = replace(memory, domain=placed.domain)
+    if placed.domain is not None:
+        # unplaced pods pinned to another domain (the gang moved; again after a SIGKILL between the
+        # status that recorded the move and their deletion) go, and come back in this one (not a restart)
+        actions += context.removing(
+            pod for pod in current if pod.active and not pod.node_name and pod.domain not in (None, placed.domain)
+        )
     if placed.stall is not None and not any(pod.active for pod in current):
         reason, message = placed.stall
         return Decision(PhaseView("Pending", reason, message), memory, actions, stall=placed.stall)

@@ -598,6 +598,9 @@ def worker_pod(
     if launch.supervised:
         annotations[naming.RENDEZVOUS_ID_ANNOTATION] = naming.rendezvous_id(job.metadata.uid, attempt)
     annotations.update(profile.annotations)
+    placement = spec.placement.topology if spec.placement is not None else None
+    if domain is not None and placement is not None and spec.gang.scheduler in ("none", "scheduler-plugins"):
+        annotations[naming.DOMAIN_ANNOTATION] = domain
 
     gang = spec.gang
     if gang.scheduler in ("scheduler-plugins", "volcano"):

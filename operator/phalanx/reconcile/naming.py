@@ -33,6 +33,8 @@ RENDEZVOUS_ID_ANNOTATION = f"{PREFIX}/rendezvous-id"
 # rendezvous as its address (PET_LOCAL_ADDR), which resolves to the pod through the job's ranks
 # Service; the rendezvous numbers agents in the sort order of these names (topology.rank_addresses).
 RANK_ADDRESS_ANNOTATION = f"{PREFIX}/rank-address"
+# On a worker pod the operator placed by topology: the domain its node affinity names.
+DOMAIN_ANNOTATION = f"{PREFIX}/domain"
 POD_INFO_VOLUME = "phalanx-pod-info"
 POD_INFO_DIR = "/etc/phalanx/pod"
 

@@ -53,6 +53,8 @@ class PodRecord:
     phalanx-supervise, which can be moved to a new attempt in place."""
     rank_address: str | None = None
     """The ``phalanx.dev/rank-address`` annotation (``topology.rank_addresses``)."""
+    domain: str | None = None
+    """The ``phalanx.dev/domain`` annotation: the topology domain the operator placed the pod in."""
 
     @property
     def finished(self) -> bool:
@@ -331,6 +333,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         host_network=bool((pod.get("spec") or {}).get("hostNetwork")),
         rendezvous_id=annotations.get(naming.RENDEZVOUS_ID_ANNOTATION),
         rank_address=annotations.get(naming.RANK_ADDRESS_ANNOTATION),
+        domain=annotations.get(naming.DOMAIN_ANNOTATION),
     )
 
 

@@ -141,7 +141,7 @@ def place(context: Context, memory: Memory, launch: Launch, current: list[PodRec
             return Placed(kept)
         if any(room.domain == kept for room in viable):
             others = [room for room in viable if room.domain != kept]
-            if others and waited_out(context, current):
+            if others and waited_out(context, current, kept):
                 # the next domain in order of room after the one it waited in, round the list
                 order = [room.domain for room in viable]
                 after = order.index(kept) + 1
@@ -155,11 +155,13 @@ def place(context: Context, memory: Memory, launch: Launch, current: list[PodRec
     return Placed(None, stall)
 
 
-def waited_out(context: Context, current: list[PodRecord]) -> bool:
-    """Every worker of the attempt is unplaced, the scheduler found no node for any of them, and the
-    first of them was created ``PATIENCE_SECONDS`` ago or more."""
+def waited_out(context: Context, current: list[PodRecord], domain: str) -> bool:
+    """Every worker of the attempt is unplaced and pinned to ``domain``, the scheduler found no node
+    for any of them, and the first of them was created ``PATIENCE_SECONDS`` ago or more."""
     waiting = [pod for pod in current if pod.active]
-    if not waiting or any(pod.scheduled or not pod.unschedulable_message for pod in waiting):
+    if not waiting or any(
+        pod.scheduled or not pod.unschedulable_message or pod.domain not in (None, domain) for pod in waiting
+    ):
         return False
     created = [parse_time(pod.created) for pod in waiting]
     first = min((moment for moment in created if moment is not None), default=None)
