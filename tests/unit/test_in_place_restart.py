@@ -236,3 +236,40 @@ def test_workers_failing_together_re_form_once_with_an_event_each() -> None:
     reformed = world.reconcile()
     assert world.status["attempt"] == 1 and world.status["restarts"] == 1  # one failure event
     assert sorted(e.reason for e in reformed.events if e.type == "Warning") == ["WorkerFailed", "WorkerOOMKilled"]
+
+
+def kept_through_a_backoff(world: World) -> World:
+    """demo-worker-0 on node-b kept by a gang restart that waits out its backoff (the others failed)."""
+    world.settle()
+    world.run("demo-worker-0", node="node-b")
+    world.run()
+    world.reconcile()
+    world.terminate("demo-worker-1", 1)
+    world.terminate("demo-worker-2", 1)
+    world.reconcile()
+    assert world.status["attempt"] == 1 and world.status["restartNotBefore"]
+    world.finish_terminating()
+    return world
+
+
+def test_a_ready_blip_during_the_backoff_keeps_the_kept_pods() -> None:
+    world = kept_through_a_backoff(supervised_job())
+    kept = uids(world)["demo-worker-0"]
+    world.node_not_ready("node-b")
+    world.advance(3)
+    blip = world.reconcile()
+    assert "demo-worker-0" not in {d.name for d in blip.delete} and world.status["reason"] == "Backoff"
+    world.node_ready("node-b")
+    world.advance(10)
+    moved = world.reconcile()
+    assert [(m.name, m.uid, m.to_attempt) for m in moved.move] == [("demo-worker-0", kept, 1)]
+
+
+def test_a_node_lost_during_the_backoff_loses_the_kept_pods() -> None:
+    world = kept_through_a_backoff(supervised_job(failurePolicy={"backoffSeconds": 600}))
+    world.node_not_ready("node-b")
+    world.advance(world.node_loss.grace_seconds - 1)
+    assert "demo-worker-0" not in {d.name for d in world.reconcile().delete}
+    world.advance(1)
+    lost = world.reconcile()
+    assert [(d.name, d.grace_seconds) for d in lost.delete] == [("demo-worker-0", None)]  # not forced

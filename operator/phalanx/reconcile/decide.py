@@ -8,7 +8,7 @@ them in one function whose order is the order of precedence:
 2. a spec that cannot be planned stalls a running job, or fails one that runs nothing (``invalid``);
 3. suspension; resumption starts a new attempt;
 4. nodes: pods no kubelet can stop are force-deleted (``watch_nodes``); pods of old attempts go,
-   except those an in-place gang restart keeps (``Context.keeps``), which are moved to the
+   except those an in-place gang restart keeps (``Context.still_keeps``), which are moved to the
    current attempt (by ``gang_restart`` itself when nothing is waited for; here once the backoff
    has passed and an old store is gone);
 5. completion, then the active deadline;
@@ -99,7 +99,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
     current = [pod for pod in workers if pod.attempt == memory.attempt]
     stale = [pod for pod in workers if pod.attempt != memory.attempt]
     # kept through an in-place gang restart: moved to the current attempt below, never deleted
-    moving = [pod for pod in stale if (pod.attempt or 0) < memory.attempt and context.keeps(pod, memory)]
+    moving = [pod for pod in stale if (pod.attempt or 0) < memory.attempt and context.still_keeps(pod, memory)]
     actions += context.removing(pod for pod in stale if pod not in moving)
 
     completed = completion(context, memory, current)

@@ -140,6 +140,12 @@ class Context:
         job and the pod run the supervisor, the pod runs (its trainer container has not exited, it
         is not being deleted or evicted, no failure of it was counted) on a node that is Ready and
         that the job does not avoid."""
+        return self.still_keeps(pod, memory) and pod.node_name not in self.observed.unready_nodes
+
+    def still_keeps(self, pod: PodRecord, memory: Memory) -> bool:
+        """Whether a pod a gang restart kept stays kept while it waits to be moved (the backoff, an
+        old store stopping): as ``keeps``, but a node that is not Ready loses it only once it is
+        taken for lost (``node_lost``), as for any pod of the attempt: a blip must not delete it."""
         node = pod.node_name
         return (
             self.in_place
@@ -150,8 +156,7 @@ class Context:
             and pod.disruption_reason is None
             and not memory.already_counted(pod)
             and node is not None
-            and node not in self.observed.unready_nodes
-            and node not in self.observed.node_loss.deleted
+            and self.node_lost(pod) is None
             and node not in memory.avoided_nodes
         )
 
