@@ -306,3 +306,22 @@ def test_a_sigkill_after_the_move_was_recorded_still_moves_the_unplaced_pods() -
     world.settle()
     assert len(world.workers()) == 3 and all("rack-a" in str(node_terms(pod)) for pod in world.workers())
     assert world.status["restarts"] == 0
+
+
+def test_the_pods_a_move_deletes_are_no_loss_while_they_stop_nor_once_they_are_gone() -> None:
+    world = topology_job()
+    racks(world, {"rack-a": 3, "rack-b": 4})
+    world.settle()
+    for pod in world.workers():
+        world.unschedulable(pod["metadata"]["name"], "0/7 nodes are available: 4 Insufficient nvidia.com/gpu.")
+    world.advance(120)
+    moved = world.reconcile()
+    assert len(moved.delete) == 3 and len(world.status["removedWorkers"]) == 3
+    stopping = world.reconcile()  # the deleted pods still stop: recorded as the operator's own
+    assert world.status["attempt"] == 0 and world.status["restartsByReason"] == {}
+    assert not [e for e in stopping.events if e.reason == "GangRestart"]
+    world.finish_terminating()
+    world.settle()
+    assert world.status["attempt"] == 0 and world.status["restartsByReason"] == {}
+    assert len(world.workers(attempt=0)) == 3 and all("rack-a" in str(node_terms(pod)) for pod in world.workers())
+    assert "removedWorkers" not in world.status

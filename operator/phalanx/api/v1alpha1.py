@@ -844,6 +844,12 @@ class TrainingJobStatus(ApiModel):
     exist: written in the same update as the counters, so each failure is counted exactly once even
     when the operator stops between recording a failure and deleting the pod."""
 
+    removed_workers: list[str] | None = Field(default=None, json_schema_extra={"x-kubernetes-list-type": "set"})
+    """UIDs of worker pods of the current attempt the operator deleted itself (a scale-down's
+    surplus, a moved gang's unplaced pods), kept while those pods exist: written before the
+    deletions, so a pod stopping for them is never taken for one deleted from outside, whatever
+    happens to the operator (a restart, a new leader) in between."""
+
     workers: WorkerCounts | None = None
     """Worker counts."""
 

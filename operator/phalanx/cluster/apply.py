@@ -1,10 +1,10 @@
 """Carry out a Plan against the API server, feeding every response back into the caches.
 
-Order matters for crash safety: status first (it records a new attempt, and the UIDs of the
-failures it counts, before anything else happens), then the gang's PodGroup, then the Service,
-the store and the workers in parallel (bounded by the client's cap), then the pods an in-place gang
-restart keeps are moved to the new attempt, then deletions; events go to the ``EventRecorder``,
-which posts them after the requests that create and fix things.
+Order matters for crash safety: status first (it records a new attempt, the UIDs of the
+failures it counts and of the workers it deletes itself, before anything else happens), then the
+gang's PodGroup, then the Service, the store and the workers in parallel (bounded by the client's
+cap), then the pods an in-place gang restart keeps are moved to the new attempt, then deletions;
+events go to the ``EventRecorder``, which posts them after the requests that create and fix things.
 A status write that only reports progress may be held back for a moment (``StatusPacer``).
 A SIGKILL between any two requests leaves a state the next pass completes without counting or
 creating anything twice:

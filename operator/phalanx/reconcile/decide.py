@@ -68,7 +68,28 @@ def decide(job: api.TrainingJob, observed: Observed, now: datetime) -> Decision:
         decision = decide_active(replace(context, in_place=launch.supervised), memory, launch)
     except PlanningError as error:
         return invalid(context, memory, str(error))
-    return replace(decision, restart_mode=launch.restart_mode)
+    return replace(recording_removals(context, decision), restart_mode=launch.restart_mode)
+
+
+def recording_removals(context: Context, decision: Decision) -> Decision:
+    """The workers of the attempt that this pass deletes while the job goes on (a scale-down's
+    surplus, a moved gang's unplaced pods) recorded in status, which is written before any
+    deletion: a pod stopping or gone for the operator's own reasons is never taken for one deleted
+    from outside (``handle_failures``), whatever happens to the operator in between. Failures are
+    recorded as counted instead, and pods of older attempts are told apart by their attempt."""
+    memory = decision.memory
+    if decision.view.phase in (*TERMINAL, "Suspended"):
+        return decision  # nothing of the attempt goes on
+    deleted = {deletion.name for deletion in decision.actions.delete if deletion.kind == "Pod"}
+    removed = [
+        pod
+        for pod in context.observed.workers()
+        if pod.name in deleted
+        and pod.attempt == memory.attempt
+        and not pod.deleting  # already on its way: forced now, not deleted by this pass
+        and not memory.already_counted(pod)
+    ]
+    return replace(decision, memory=memory.removing(removed)) if removed else decision
 
 
 def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:

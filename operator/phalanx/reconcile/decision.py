@@ -50,6 +50,8 @@ class Memory:
     failed_at: str | None = None
     domain: str | None = None
     """The topology domain the workers are placed in (status.placement.domain; ``topology.place``)."""
+    removed: frozenset[str] = frozenset()
+    """UIDs of workers of the attempt the operator deleted itself (status.removedWorkers)."""
 
     @classmethod
     def of(cls, status: api.TrainingJobStatus) -> Memory:
@@ -68,6 +70,7 @@ class Memory:
             reached=status.recomputed_steps.reached if status.recomputed_steps else None,
             failed_at=status.recomputed_steps.failed_at if status.recomputed_steps else None,
             domain=status.placement.domain if status.placement else None,
+            removed=frozenset(status.removed_workers or ()),
         )
 
     def counting(self, failure: Failure, pods: Iterable[PodRecord]) -> Memory:
@@ -83,6 +86,15 @@ class Memory:
 
     def already_counted(self, pod: PodRecord) -> bool:
         return bool(pod.uid) and pod.uid in self.counted
+
+    def removing(self, pods: Iterable[PodRecord]) -> Memory:
+        """Workers the operator deletes itself, recorded (in the status write that comes before
+        the deletions): their going is no loss (``removed_itself``)."""
+        return replace(self, removed=self.removed | {pod.uid for pod in pods if pod.uid})
+
+    def removed_itself(self, pod: PodRecord) -> bool:
+        """Whether the operator deleted this pod itself, not someone else."""
+        return bool(pod.uid) and pod.uid in self.removed
 
     def restarting_from(self, progress: WorkerProgress | None, now: datetime) -> Memory:
         """A restart is decided: remember the step the job had reached (the reporter's, as last

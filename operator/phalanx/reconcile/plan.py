@@ -94,6 +94,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         "restartsByReason": dict(memory.by_reason),
         # pruned to pods that still exist: a UID never comes back once its pod is gone
         "countedFailures": sorted(memory.counted & {pod.uid for pod in observed.pods}) or None,
+        "removedWorkers": sorted(memory.removed & {pod.uid for pod in observed.pods}) or None,
         "workers": {
             "desired": wanted,
             "active": len(still_active),
@@ -220,6 +221,8 @@ def progress_only(current: api.TrainingJobStatus | dict[str, Any] | None, propos
             return False  # a rescale: the next pass tells it from the stored desired count
         if key in PROGRESS_KEYS or (value is None and key not in current):
             continue
+        if key == "removedWorkers" and set(value or ()) <= set(current.get(key) or ()):
+            continue  # only UIDs of pods gone since: never reused, so dropping them can wait
         if key == "conditions":
             if _condition_verdicts(current.get(key)) != _condition_verdicts(value):
                 return False

@@ -64,12 +64,14 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
     store_lost = bool(current) and store_gone and not never_created
     # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing;
     # a kubelet marks them Failed before they go, so "finished" does not tell them apart from
-    # pods this operator removed: those were recorded as handled (or are beyond desired).
+    # pods this operator removed: those are recorded in status before they are deleted, as
+    # counted failures or as removed (``decide.recording_removals``); a slot beyond desired is no loss.
     deleted = [
         pod
         for pod in current
         if pod.deleting
         and not memory.already_counted(pod)
+        and not memory.removed_itself(pod)
         and pod.index is not None
         and pod.index < spec.workers.desired
     ]
