@@ -280,3 +280,24 @@ def test_the_poller_keeps_a_silent_reporters_last_answer_with_its_time_and_count
     assert fresh is not None and fresh.scraped_at == now[0] and fresh.unanswered == 0
     assert fresh.stepped_since == first.stepped_since  # the same reporter and count: its clock runs on
     assert woken == [key, key]  # the answer that ends a silence wakes the job to be judged
+
+
+# -- a verdict needs a sample taken after the deadline ----------------------------------------
+
+
+def test_a_sample_taken_before_the_deadline_is_no_verdict() -> None:
+    """The newest sample shows the count as of its scrape: one taken before ``stepped_since +
+    deadline`` cannot tell whether the worker stepped since (a slow scrape round, a busy poller),
+    however fresh it still is. The job waits for a newer one."""
+    world = hang_job(deadline=30)
+    reporting(world, 40, world.now)  # fresh for 45 s: longer than the deadline
+    world.advance(29)
+    answered(world)  # the last scrape before the deadline, count unchanged
+    world.advance(30)  # past the deadline by far, and that sample is still fresh
+    waiting = world.reconcile()
+    assert world.status["phase"] == "Running" and world.status["restarts"] == 0, world.status
+    assert not waiting.delete and waiting.requeue_after is not None and 0 < waiting.requeue_after <= 45
+    assert conditions(world)["Stalled"][0] == "False"  # nothing stale: the next scrape is simply awaited
+    answered(world)  # a scrape taken past the deadline, the count still 40: now it is a hang
+    world.reconcile()
+    assert world.status["reason"] == "NoProgress" and world.status["restarts"] == 1
