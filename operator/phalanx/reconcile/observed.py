@@ -113,9 +113,11 @@ class WorkerProgress:
     reporter: str = ""
     """UID of the pod that reported it: another pod's counter is another count."""
     stepped_since: datetime | None = None
-    """When the operator first saw ``steps`` at its current value from this reporter (hang detection)."""
+    """When the answer that first showed ``steps`` at its current value from this reporter came
+    (hang detection): the count changed no later than that."""
     scraped_at: datetime | None = None
-    """When the reporter last answered a scrape with a readable page."""
+    """When the scrape that got the reporter's last readable page was sent: its counts held at
+    least until then (hang detection judges only a sample scraped after its deadline ran out)."""
     fresh_until: datetime | None = None
     """Past this (a few poll intervals after ``scraped_at``) the sample is no verdict on the job: the
     reporter stopped answering, and its last step count says nothing about training since."""

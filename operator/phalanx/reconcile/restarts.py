@@ -189,7 +189,9 @@ def no_progress(context: Context, memory: Memory, current: list[PodRecord]) -> S
     has shown the same step count for the whole deadline restarts its gang, counted. The clock
     starts no earlier than the job last became Running (Ready), so a world that re-formed gets
     the whole deadline for its first step; a job whose workers serve no step count is never
-    judged. Only a fresh sample is a verdict: when the reporter stopped answering (a
+    judged. Only a sample scraped after the deadline ran out (``stepped_since`` plus the deadline)
+    is a verdict: an older one shows the count before the deadline, whatever came after. And only
+    a fresh sample is a verdict: when the reporter stopped answering (a
     NetworkPolicy, its port taken after a restart, a network blip) its last count says nothing
     about training since, so the job is left alone and Stalled says why (ProgressUnknown)."""
     job, now = context.job, context.now
@@ -221,6 +223,12 @@ def no_progress(context: Context, memory: Memory, current: list[PodRecord]) -> S
                 f"with its step count at {progress.steps}; nothing is restarted on stale data",
             ),
         )
+    judged_from = since + timedelta(seconds=deadline)
+    if progress.scraped_at is None or progress.scraped_at < judged_from:
+        # The newest count was read before the deadline ran out: the worker may have stepped
+        # since. The poller wakes the job with the first scrape past it; if none comes, the
+        # sample goes stale and Stalled says so (above).
+        return Step(memory, requeue(max(1.0, (progress.fresh_until - now).total_seconds())))
     failure = Failure(
         "NoProgress",
         counted=True,
