@@ -64,7 +64,9 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
     store_lost = bool(current) and store_gone and not never_created
     # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing;
     # a kubelet marks them Failed before they go, so "finished" does not tell them apart from
-    # pods this operator removed: those were recorded as handled (or are beyond desired).
+    # pods this operator removed: those were recorded as handled (or are beyond desired, or their
+    # slot is held by another pod: a spare promoted into it took it from a pod waiting for a node).
+    held = {pod.index for pod in spares.holders(memory, current)}
     deleted = [
         pod
         for pod in current
@@ -72,6 +74,7 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
         and not memory.already_counted(pod)
         and pod.index is not None
         and pod.index < spec.workers.desired
+        and pod.index not in held
     ]
     if not failures and not store_lost and not deleted:
         return Step(memory, actions)
@@ -91,7 +94,9 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
         return replace(restart, actions=actions + restart.actions)
     lost_slots = sorted({pod.index for pod in [*(pod for pod, _ in failures), *deleted] if pod.index is not None})
     if context.in_place and lost_slots and all(context.keeps(pod, memory) for pod in survivors):
-        takers = list(zip(lost_slots, spares.ready_spares(context, memory), strict=False))
+        # a slot a scale-down removes in this pass is lost, but no spare takes it
+        kept_slots = [slot for slot in lost_slots if slot < spec.workers.desired]
+        takers = list(zip(kept_slots, spares.ready_spares(context, memory), strict=False))
         reform = reform_in_place(context, memory, failures, survivors, takers)
         return replace(reform, actions=actions + reform.actions)
     if not failures:
