@@ -310,14 +310,19 @@ def test_no_spare_is_created_while_a_slot_is_empty_or_its_worker_waits_for_a_nod
 
 
 def test_spares_rank_below_the_workers_in_the_operators_spare_priority_class() -> None:
-    world = with_spares(1)
+    # issue 31 point 4: a spare waiting for a node must not take the room a worker waits for
+    containers = [{"name": "trainer", "image": "example/train:1", "command": SUPERVISED}]
+    template = {"spec": {"containers": containers, "preemptionPolicy": "PreemptLowerPriority"}}
+    world = World(job(template=template, workers={"min": 2, "max": 4, "desired": 3, "spares": 1}))
     world.spare_priority_class = "phalanx-spare"
     world.settle()
     world.run()
     world.settle()
     [spare] = world.spares()
     assert spare["spec"]["priorityClassName"] == "phalanx-spare"
+    assert "preemptionPolicy" not in spare["spec"]  # the class's (Never): the admission refuses another
     assert all("priorityClassName" not in pod["spec"] for pod in world.workers())
+    assert {pod["spec"]["preemptionPolicy"] for pod in world.workers()} == {"PreemptLowerPriority"}
 
 
 def test_spares_of_a_job_whose_workers_name_a_priority_class_keep_it() -> None:
