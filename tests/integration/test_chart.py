@@ -67,6 +67,11 @@ def test_default_install_is_cluster_wide_with_two_restricted_replicas_electing_a
     assert env["PHALANX_LEADER_ELECTION"] == "1" and env["PHALANX_LEASE_NAME"] == "phalanx"
     assert env["PHALANX_LEADER_IDENTITY"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert "--all-namespaces" in container["args"] and "--standalone" in container["args"]
+    # warm spares rank below workers, in the class the chart installs (issue 31 point 4)
+    (spare_class,) = by_kind(objects, "PriorityClass")
+    assert spare_class["metadata"]["name"] == env["PHALANX_SPARE_PRIORITY_CLASS"] == "phalanx-spare"
+    assert spare_class["value"] < 0 and spare_class["preemptionPolicy"] == "Never"
+    assert not spare_class["globalDefault"]
     assert container["resources"]["requests"]
     assert [role["metadata"]["name"] for role in by_kind(objects, "ClusterRole")] == [
         "phalanx",

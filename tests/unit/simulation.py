@@ -73,6 +73,7 @@ class World:
         # each node's DRA devices per class (DeviceCache.per_node), beside its allocatable
         self.device_offers: Mapping[str, Mapping[str, Decimal]] = {}
         self.workload: QueuedWorkload | None = None  # what Kueue says about the current pod group
+        self.spare_priority_class: str | None = None  # the operator's PHALANX_SPARE_PRIORITY_CLASS
         self._uids = itertools.count(1)
         self.now = now
         self.plans: list[Plan] = []
@@ -115,6 +116,7 @@ class World:
                 force_delete=self.node_loss.force_delete,
             ),
             retry_batch=self.retry_batch,
+            spare_priority_class=self.spare_priority_class,
         )
 
     def named_allocatable(self) -> dict[str, dict[str, str]]:

@@ -15,7 +15,7 @@ from phalanx.cli.run import node_options, watch_scope
 from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, RecentlyDeleted, WorkloadCache
 from phalanx.cluster.client import resource_path
 from phalanx.cluster.workqueue import WorkQueue
-from phalanx.handlers.runtime import node_loss_settings
+from phalanx.handlers.runtime import node_loss_settings, spare_priority_class
 from phalanx.reconcile import naming
 from phalanx.reconcile.observed import QueuedWorkload
 from phalanx.worker import choose_backend
@@ -358,6 +358,16 @@ def test_node_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("PHALANX_NODE_LOST_GRACE_SECONDS", "-1")
     with pytest.raises(ValueError, match="PHALANX_NODE_LOST_GRACE_SECONDS"):
         node_loss_settings()
+
+
+def test_the_spare_priority_class_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PHALANX_SPARE_PRIORITY_CLASS", raising=False)
+    assert spare_priority_class() is None  # spares then take the workers' class
+    monkeypatch.setenv("PHALANX_SPARE_PRIORITY_CLASS", "phalanx-spare")
+    assert spare_priority_class() == "phalanx-spare"
+    monkeypatch.setenv("PHALANX_SPARE_PRIORITY_CLASS", "Spare Class")  # every spare would be refused
+    with pytest.raises(ValueError, match="PHALANX_SPARE_PRIORITY_CLASS"):
+        spare_priority_class()
 
 
 def node(name: str, gpus: int, *, ready: bool = True, **spec: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
+from phalanx.api.admission import DNS_1123_SUBDOMAIN, DNS_1123_SUBDOMAIN_MESSAGE
 from phalanx.cluster.apply import Execution, RefusalMemory, StatusPacer
 from phalanx.cluster.cache import ChildCache, DeviceCache, JobCache, JobKey, NodeCache, WorkloadCache, with_devices
 from phalanx.cluster.client import ApiClient
@@ -33,6 +34,7 @@ JOB_NETWORK_POLICY = "PHALANX_JOB_NETWORK_POLICY"
 JOB_NETWORK_POLICY_SCRAPERS = "PHALANX_JOB_NETWORK_POLICY_SCRAPERS"
 NODE_LOST_GRACE = "PHALANX_NODE_LOST_GRACE_SECONDS"
 FORCE_DELETE_ON_NODE_LOST = "PHALANX_FORCE_DELETE_ON_NODE_LOST"
+SPARE_PRIORITY_CLASS = "PHALANX_SPARE_PRIORITY_CLASS"
 
 TRAINING_JOBS = Resource(api.API_VERSION, api.PLURAL, api.KIND)
 PODS = Resource("v1", "pods", "Pod")
@@ -82,6 +84,18 @@ def node_loss_settings() -> tuple[float, bool]:
     return grace, os.environ.get(FORCE_DELETE_ON_NODE_LOST, "0") == "1"
 
 
+def spare_priority_class() -> str | None:
+    """The PriorityClass warm spares get so that they rank below workers (``desired.spare_pod``):
+    PHALANX_SPARE_PRIORITY_CLASS, which the chart sets to the class it installs; unset or empty:
+    none, spares take the workers' class. A name the API server would refuse keeps the operator
+    from starting (every spare would be refused)."""
+    name = os.environ.get(SPARE_PRIORITY_CLASS, "").strip()
+    if name and (len(name) > 253 or not DNS_1123_SUBDOMAIN.match(name)):
+        why = DNS_1123_SUBDOMAIN_MESSAGE
+        raise ValueError(f"{SPARE_PRIORITY_CLASS} {name[:253]!r} is no PriorityClass name: {why}")
+    return name or None
+
+
 @dataclass
 class Runtime:
     """Client, caches, informers and the work queue of one operator process."""
@@ -100,6 +114,7 @@ class Runtime:
     informers: list[Informer] = field(default_factory=list)
     node_lost_grace_seconds: float = NODE_LOST_GRACE_SECONDS
     force_delete_on_node_lost: bool = False
+    spare_priority_class: str | None = None  # PHALANX_SPARE_PRIORITY_CLASS
     events: EventRecorder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -119,6 +134,7 @@ class Runtime:
         """Build the caches and the informers that feed them (not yet running)."""
         runtime = cls(client=client, queue=queue, isolation=isolation or job_isolation())
         runtime.node_lost_grace_seconds, runtime.force_delete_on_node_lost = node_loss_settings()
+        runtime.spare_priority_class = spare_priority_class()
         runtime.jobs = JobCache(on_change=runtime._job_changed)
         runtime.children = ChildCache(on_change=runtime._child_changed, on_pod_gone=runtime._pod_gone)
         runtime.nodes = NodeCache(on_change=runtime._node_changed, on_capacity=runtime._capacity_changed)
@@ -305,6 +321,7 @@ class Runtime:
             node_loss=node_loss,
             retry_batch=self.refusals.batch(job.metadata.uid),
             isolation=self.isolation,
+            spare_priority_class=self.spare_priority_class,
         )
 
     def execution(self) -> Execution:

@@ -178,7 +178,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         """The pass ends before workers: only the objects wanted so far are written; spares are
         tended (a failed one recorded, extra ones removed) but none is created."""
         writes = creation.writes(wanted, observed, job.metadata.uid, context.now)
-        tended = spares.upkeep(context, memory, launch, current, promoted=promoted, may_create=False)
+        tended = spares.upkeep(context, memory, launch, promoted=promoted, may_create=False)
         return Decision(
             view,
             tended.memory,
@@ -254,9 +254,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         wanted.extend(Wanted(worker, create_only=True) for worker in scaled.slots)
         actions += scaled.actions
         rescaled = scaled.rescaled
-        kept_spares = spares.upkeep(
-            context, memory, launch, current, promoted=scaled.promoted, may_create=not scaled.slots
-        )
+        kept_spares = spares.upkeep(context, memory, launch, promoted=scaled.promoted, may_create=scaled.placed)
         memory = kept_spares.memory
         wanted.extend(Wanted(spare, create_only=True) for spare in kept_spares.create)
         actions += kept_spares.actions

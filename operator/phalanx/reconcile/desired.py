@@ -521,11 +521,12 @@ def worker_pod(
     avoid: Sequence[str] = (),
     spare: int | None = None,
     domain: str | None = None,
+    spare_class: str | None = None,
 ) -> Object:
     """One worker pod: the user's template plus everything elastic training needs; ``avoid``:
     nodes the job keeps off (failurePolicy.avoidNodeSeconds); ``domain``: the topology domain the
     operator placed the job in (``place_in_domain``). ``spare``: instead, the warm spare of that
-    serial (``spare_pod``)."""
+    serial, in the PriorityClass ``spare_class`` (``spare_pod``)."""
     spec = job.spec
     template = _template_spec(job)
     template_metadata = spec.template.metadata
@@ -579,6 +580,11 @@ def worker_pod(
 
     template["restartPolicy"] = "Never"
     template.setdefault("enableServiceLinks", False)
+    if spare is not None and spare_class and not template.get("priorityClassName"):
+        # the admission plugin derives both from the class, and refuses a pod whose own differ
+        template.pop("priority", None)
+        template.pop("preemptionPolicy", None)
+        template["priorityClassName"] = spare_class
     keep_off(template, avoid)
     place_in_domain(template, job, domain)
     name = naming.worker_pod_name(job.metadata.name, index)
@@ -638,11 +644,19 @@ def spare_pod(
     attempt: int,
     avoid: Sequence[str] = (),
     domain: str | None = None,
+    priority_class: str | None = None,
 ) -> Object:
     """A warm spare: a worker pod without a slot (``phalanx.dev/role: spare``, no worker index),
     whose supervisor imports what the command needs and waits to be promoted (``decide`` refuses a
-    spec that cannot have spares, ``spares_refusal``, before any is rendered)."""
-    return worker_pod(job, launch, index=0, attempt=attempt, avoid=avoid, spare=serial, domain=domain)
+    spec that cannot have spares, ``spares_refusal``, before any is rendered).
+
+    It ranks below the workers, so that a waiting spare never takes a node a worker waits for:
+    ``priority_class`` (the operator's spare class) when the template names none, its workers then
+    being at the cluster's default priority; a template's own class stays, since the operator does
+    not know its value, and none is known to be lower."""
+    return worker_pod(
+        job, launch, index=0, attempt=attempt, avoid=avoid, spare=serial, domain=domain, spare_class=priority_class
+    )
 
 
 def spares_refusal(spec: api.TrainingJobSpec, launch: Launch) -> str:

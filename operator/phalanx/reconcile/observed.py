@@ -232,6 +232,9 @@ class Observed:
     retry_batch: int = 1
     """How many pods a pass may create while creations of this job are refused: a slow start, one
     probe after a refusal, doubled as creations pass (``RefusalMemory.batch``)."""
+    spare_priority_class: str | None = None
+    """The PriorityClass the operator gives warm spares (``PHALANX_SPARE_PRIORITY_CLASS``; the chart's
+    ``phalanx-spare``), so that they rank below workers; None: spares take the workers' class."""
 
     def workers(self) -> list[PodRecord]:
         """Worker pods, any attempt."""

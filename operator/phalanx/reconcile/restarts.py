@@ -93,7 +93,9 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
         return replace(restart, actions=actions + restart.actions)
     lost_slots = sorted({pod.index for pod in [*(pod for pod, _ in failures), *deleted] if pod.index is not None})
     if context.in_place and lost_slots and all(context.keeps(pod, memory) for pod in survivors):
-        takers = list(zip(lost_slots, spares.ready_spares(context, memory), strict=False))
+        # a slot a scale-down removes in this pass is lost, but no spare takes it
+        kept_slots = [slot for slot in lost_slots if slot < spec.workers.desired]
+        takers = list(zip(kept_slots, spares.ready_spares(context, memory), strict=False))
         reform = reform_in_place(context, memory, failures, survivors, takers)
         return replace(reform, actions=actions + reform.actions)
     if not failures:
