@@ -6,7 +6,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -15,11 +15,12 @@ from phalanx.cli.run import node_options, watch_scope
 from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, NodeRequests, RecentlyDeleted, WorkloadCache
 from phalanx.cluster.client import resource_path
 from phalanx.cluster.workqueue import WorkQueue
-from phalanx.handlers.runtime import node_loss_settings
+from phalanx.handlers.runtime import Runtime, node_loss_settings
 from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.observed import QueuedWorkload
 from phalanx.worker import choose_backend
+from tests.unit import jobs
 
 
 async def test_queue_coalesces_and_never_runs_a_key_twice_at_once() -> None:
@@ -569,3 +570,25 @@ def test_a_pods_requests_are_summed_as_the_scheduler_sums_them() -> None:
     assert capacity.pod_requests(spec) == {"cpu": Decimal("4.1"), "memory": Decimal(2**30)}
     with pytest.raises(PlanningError, match=r"containers\[0\]\.resources"):
         capacity.pod_requests({"containers": [container("lots")]})
+
+
+def test_a_pass_sees_each_nodes_free_room_with_its_own_pods_not_held_against_it() -> None:
+    async def handle(key: tuple[str, str]) -> None:
+        return None
+
+    runtime = Runtime.start(cast(Any, object()), WorkQueue(handle), namespaces=("ml",), watch_nodes=True)
+    (bound,) = [informer for informer in runtime.informers if informer.sink is runtime.requests]
+    # every namespace's pods at once, only those bound and not finished; no scope of jobs of its own
+    assert bound.namespace is None and bound.resource.path(None) == "/api/v1/pods"
+    assert bound.field_selector == "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    assert runtime.scopes() == ["ml"]
+    parsed = jobs.job()
+    runtime.nodes.observe("ADDED", node("n1", 8))
+    ours = pod("demo-worker-0", "1", owner=parsed.metadata.uid)
+    ours["spec"] = {"nodeName": "n1", "containers": [{"name": "w", "resources": {"requests": {"nvidia.com/gpu": "2"}}}]}
+    for body in (ours, bound_pod("theirs", "n1", 4)):
+        runtime.children.observe("ADDED", body)
+        runtime.requests.observe("ADDED", body)
+    observed = runtime.observe(parsed)
+    assert observed.node_requested["n1"]["nvidia.com/gpu"] == Decimal(6)
+    assert observed.node_free("n1")["nvidia.com/gpu"] == Decimal(4)  # 8 less the other tenant's 4

@@ -182,8 +182,9 @@ def place(context: Context, memory: Memory, launch: Launch, current: list[PodRec
             others = [room for room in viable if room.domain != kept]
             if others and found_no_room(current, kept):
                 target = best_fit(others, wanted, minimum)
-                if target is not None and _size(held.free) < minimum:
-                    # the scheduler and the pods on the nodes agree: no room here, room there
+                if topology.mode == "required" and target is not None and _size(held.free) < minimum:
+                    # the scheduler and the pods on the nodes agree: no room here, room there (a
+                    # preferred gang that found none found none anywhere: no domain held it back)
                     return Placed(target.domain, room=target, left=held, at_once=True)
                 if waited_out(context, current, kept):
                     # room there by the view, else the next domain in order of room, round the list
