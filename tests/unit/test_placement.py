@@ -364,7 +364,7 @@ def test_a_gang_whose_domain_filled_up_before_it_was_placed_moves_at_once_to_one
     assert sorted(d.name for d in moved.delete) == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
     assert world.status["placement"]["domain"] == "rack-b"
     (event,) = [e for e in moved.events if e.reason == "Placed"]
-    assert "moved from rack-a, where none of the gang found room and its pods leave room for 0 worker(s)" in (
+    assert "moved from rack-a, where none of the gang found room and the pods there leave room for 0 worker(s)" in (
         event.message
     )
     world.finish_terminating()

@@ -60,11 +60,10 @@ def pod_requests(pod_spec: Mapping[str, Any], field: str = "spec.template.spec")
     starting: dict[str, Decimal] = {}  # the most any init container needs while it runs
     for index, container in enumerate(pod_spec.get("initContainers") or []):
         requests = _container_requests(container, f"{field}.initContainers[{index}]")
-        if container.get("restartPolicy") == "Always":
+        if container.get("restartPolicy") == "Always":  # a sidecar: runs on beside what follows
             _add(sidecars, requests)
             requests = dict(sidecars)
         else:
-            requests = {**requests}
             _add(requests, sidecars)
         for name, value in requests.items():
             starting[name] = max(starting.get(name, Decimal(0)), value)

@@ -53,7 +53,7 @@ class Room:
     domain: str
     fits: int
     nodes: int
-    free: int = -1
+    free: int
 
 
 UNBOUNDED = 1 << 30
@@ -245,7 +245,7 @@ def placed_message(key: str, placed: Placed) -> str:
     left = placed.left
     if left is not None and placed.at_once:
         message += (
-            f"; moved from {left.domain}, where none of the gang found room and its pods leave room for "
+            f"; moved from {left.domain}, where none of the gang found room and the pods there leave room for "
             f"{left.free} worker(s)"
         )
     elif left is not None:
