@@ -323,6 +323,52 @@ def test_preferred_placement_packs_into_the_roomiest_rack_and_spills_over(
     assert used == [f"{pool.name}-a", f"{pool.name}-b", f"{pool.name}-b", f"{pool.name}-b"]
 
 
+def tenant_pod(name: str, node: str) -> dict[str, Any]:
+    """Another tenant's pod bound to ``node`` (no scheduler), holding all of its 8 GPUs."""
+    resources = {GANG_GPU: "8", "cpu": "100m"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "work",
+                    "image": "phalanx.invalid/other:1",
+                    "resources": {"requests": resources, "limits": resources},
+                }
+            ],
+        },
+    }
+
+
+def test_a_required_gang_runs_in_the_rack_another_tenants_pods_left_free_within_seconds(
+    kubectl: Kubectl, namespace: str, pool: NodePool, operator: OperatorProcess, operator_placed: str
+) -> None:
+    """Two racks of equal size, the first by name filled by another namespace's pods: the gang is
+    placed in the free one at once (issue 31: it sat Unschedulable in the full one for 120 s)."""
+    scheduler = operator_placed
+    rack_of = racks(pool, {"a": 3, "b": 3})
+    full = sorted(node for node, rack in rack_of.items() if rack == f"{pool.name}-a")
+    with kubectl.temporary_namespace("tenant") as tenant:
+        kubectl.create([tenant_pod(f"other-{index}", node) for index, node in enumerate(full)], namespace=tenant)
+        kubectl.wait_for(
+            lambda: len([p for p in kubectl.list("pods", tenant) if p["status"].get("phase") == "Running"]) == 3,
+            timeout=30,
+            what="the other tenant's pods running",
+        )
+        submitted = time.monotonic()
+        placed_job(kubectl, namespace, pool, scheduler)
+        kubectl.wait_for(lambda: bound(job_workers(kubectl, namespace, "placed")) == 3, timeout=10, what="3 bound")
+        print(f"{scheduler}: the gang bound {time.monotonic() - submitted:.1f}s after submission")
+        pods = job_workers(kubectl, namespace, "placed")
+        assert {rack_of[pod["spec"]["nodeName"]] for pod in pods} == {f"{pool.name}-b"}
+        assert status(kubectl, namespace, "placed")["placement"] == {"key": RACK, "domain": f"{pool.name}-b"}
+        wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 60, name="placed")
+
+
 def recorded(kubectl: Kubectl, namespace: str) -> dict[str, tuple[str, int]]:
     """Every Event in the namespace: its reason and how often it was seen."""
     return {

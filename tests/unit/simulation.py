@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJob
-from phalanx.cluster.cache import with_devices
+from phalanx.cluster.cache import NodeCache, with_devices
 from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.observed import (
     Completion,
@@ -69,7 +69,11 @@ class World:
         self.node_capacity = ""  # the fingerprint of what the nodes offer (NodeCache.capacity)
         # each schedulable node's allocatable: by name, or a tuple (named node-0, node-1, ...)
         self.node_allocatable: tuple[dict[str, str], ...] | dict[str, dict[str, str]] = ()
-        self.node_labels: dict[str, dict[str, str]] = {}  # schedulable node -> its labels
+        self.node_labels: dict[str, dict[str, str]] = {}  # node -> its labels
+        # what other tenants' pods request on each node (the job's own pods are added from ``pods``)
+        self.other_requests: dict[str, dict[str, str]] = {}
+        # when set, the nodes' allocatable and labels come from it (fed with node bodies), not from above
+        self.node_cache: NodeCache | None = None
         # each node's DRA devices per class (DeviceCache.per_node), beside its allocatable
         self.device_offers: Mapping[str, Mapping[str, Decimal]] = {}
         self.workload: QueuedWorkload | None = None  # what Kueue says about the current pod group
@@ -93,6 +97,22 @@ class World:
     def observed(self) -> Observed:
         pods = tuple(sorted((pod_record(pod) for pod in self.pods.values()), key=lambda p: p.name))
         objects = {key: object_record(obj) for key, obj in self.objects.items()}
+        own: dict[str, dict[str, Decimal]] = {}
+        for pod in self.pods.values():
+            node = pod["spec"].get("nodeName")
+            if node and pod["status"].get("phase") not in ("Succeeded", "Failed"):
+                for name, value in capacity.pod_requests(pod["spec"]).items():
+                    own.setdefault(node, {})[name] = own.get(node, {}).get(name, Decimal(0)) + value
+        requested = {node: dict(held) for node, held in own.items()}
+        for node, held in self.other_requests.items():
+            for name, value in capacity.parse_allocatable(held).items():
+                requested.setdefault(node, {})[name] = requested.get(node, {}).get(name, Decimal(0)) + value
+        allocatable: Mapping[str, Mapping[str, Decimal]] = {
+            name: capacity.parse_allocatable(node) for name, node in self.named_allocatable().items()
+        }
+        labels: Mapping[str, Mapping[str, str]] = self.node_labels
+        if self.node_cache is not None:
+            allocatable, labels = self.node_cache.allocatable(), self.node_cache.labels()
         return Observed(
             pods=pods,
             objects=objects,
@@ -103,11 +123,10 @@ class World:
             refusals=dict(self.refusals),
             missing_apis=dict(self.missing_apis),
             node_capacity=self.node_capacity,
-            node_allocatable=with_devices(
-                {name: capacity.parse_allocatable(node) for name, node in self.named_allocatable().items()},
-                self.device_offers,
-            ),
-            node_labels=self.node_labels,
+            node_allocatable=with_devices(allocatable, self.device_offers),
+            node_labels=labels,
+            node_requested=requested,
+            own_requested=own,
             workload=self.workload,
             node_loss=NodeLoss(
                 unready_since={node: self.unready_since.get(node, self.now) for node in self.unready_nodes},

@@ -6,19 +6,21 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from phalanx import cli
 from phalanx.cli.run import node_options, watch_scope
-from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, RecentlyDeleted, WorkloadCache
+from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, NodeRequests, RecentlyDeleted, WorkloadCache
 from phalanx.cluster.client import resource_path
 from phalanx.cluster.workqueue import WorkQueue
-from phalanx.handlers.runtime import node_loss_settings, spare_priority_class
-from phalanx.reconcile import naming
+from phalanx.handlers.runtime import Runtime, node_loss_settings, spare_priority_class
+from phalanx.reconcile import capacity, naming
+from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.observed import QueuedWorkload
 from phalanx.worker import choose_backend
+from tests.unit import jobs
 
 
 async def test_queue_coalesces_and_never_runs_a_key_twice_at_once() -> None:
@@ -495,3 +497,108 @@ def test_node_cache_parses_a_nodes_allocatable_once_and_drops_nodes_that_take_no
     assert nodes.allocatable() == {"n1": {"nvidia.com/gpu": Decimal(16), "pods": Decimal(110)}}
     nodes.observe("MODIFIED", node("n1", 16, ready=False))
     assert nodes.allocatable() == {}
+
+
+def test_node_cache_keeps_every_nodes_labels_while_it_exists_and_room_only_for_schedulable_ones() -> None:
+    nodes = NodeCache()
+    labelled = node("n1", 8)
+    labelled["metadata"]["labels"] = {"rack": "a"}
+    nodes.observe("ADDED", labelled)
+    for change in ({"ready": False}, {"unschedulable": True}):  # a NotReady blip, a cordon
+        blipped = node("n1", 8, **change)
+        blipped["metadata"]["labels"] = {"rack": "a"}
+        nodes.observe("MODIFIED", blipped)
+        assert nodes.labels() == {"n1": {"rack": "a"}}  # its pods still run in rack a
+        assert nodes.allocatable() == {}  # but no new pod goes there
+        nodes.observe("MODIFIED", labelled)
+        assert set(nodes.allocatable()) == {"n1"}
+    nodes.observe("DELETED", labelled)
+    assert nodes.labels() == {} and nodes.allocatable() == {}
+    nodes.observe("ADDED", labelled)
+    nodes.replace("Node", None, [], "9")  # gone while the watch was down
+    assert nodes.labels() == {}
+
+
+def bound_pod(
+    name: str, node: str | None, gpus: int, *, namespace: str = "other", phase: str = "Running", **spec: Any
+) -> dict[str, Any]:
+    containers = [{"name": "main", "resources": {"requests": {"nvidia.com/gpu": str(gpus), "cpu": "500m"}}}]
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": containers, **({"nodeName": node} if node else {}), **spec},
+        "status": {"phase": phase},
+    }
+
+
+def test_node_requests_sum_what_every_tenants_bound_pods_request_per_event() -> None:
+    released: list[int] = []
+    requests = NodeRequests(on_release=lambda: released.append(1))
+    requests.observe("ADDED", bound_pod("a", "n1", 4))
+    requests.observe("ADDED", bound_pod("b", "n1", 2, namespace="team"))
+    requests.observe("ADDED", bound_pod("pending", None, 8))  # no node yet: holds nothing
+    assert requests.requested() == {"n1": {"nvidia.com/gpu": Decimal(6), "cpu": Decimal(1)}}
+    view = requests.requested()
+    requests.observe("MODIFIED", bound_pod("a", "n1", 4))  # a status update: nothing changes
+    assert requests.requested() is view
+    requests.observe("MODIFIED", bound_pod("pending", "n2", 8))  # bound now
+    assert requests.requested()["n2"] == {"nvidia.com/gpu": Decimal(8), "cpu": Decimal("0.5")}
+    assert view == {"n1": {"nvidia.com/gpu": Decimal(6), "cpu": Decimal(1)}}  # a view handed out stays as it was
+    requests.observe("MODIFIED", bound_pod("b", "n1", 2, namespace="team", phase="Succeeded"))  # finished
+    assert requests.requested()["n1"] == {"nvidia.com/gpu": Decimal(4), "cpu": Decimal("0.5")}
+    assert requests.held_by([("other", "a"), ("other", "pending"), ("other", "unknown")]) == {
+        "n1": {"nvidia.com/gpu": Decimal(4), "cpu": Decimal("0.5")},
+        "n2": {"nvidia.com/gpu": Decimal(8), "cpu": Decimal("0.5")},
+    }
+    requests.observe("DELETED", bound_pod("a", "n1", 4))
+    assert set(requests.requested()) == {"n2"} and len(released) == 2
+    requests.replace("Pod", None, [bound_pod("c", "n3", 1)], "10")  # "pending" went while the watch was down
+    assert requests.requested() == {"n3": {"nvidia.com/gpu": Decimal(1), "cpu": Decimal("0.5")}}
+    assert len(released) == 3
+
+
+def test_pods_of_one_template_share_one_record_of_their_requests() -> None:
+    requests = NodeRequests()
+    for index in range(3):
+        requests.observe("ADDED", bound_pod(f"p{index}", f"n{index}", 8))
+    held = [requests._pods[("other", f"p{index}")][1] for index in range(3)]  # the sharing itself
+    assert held[0] is held[1] is held[2]
+    for index in range(3):
+        requests.observe("DELETED", bound_pod(f"p{index}", f"n{index}", 8))
+    assert requests._shared == {} and requests.requested() == {}
+
+
+def test_a_pods_requests_are_summed_as_the_scheduler_sums_them() -> None:
+    def container(cpu: str, **more: Any) -> dict[str, Any]:
+        return {"name": "c", "resources": {"requests": {"cpu": cpu}}, **more}
+
+    spec = {
+        "containers": [container("1"), {"name": "l", "resources": {"limits": {"memory": "1Gi"}}}],
+        "initContainers": [container("4"), container("500m", restartPolicy="Always"), container("3")],
+        "overhead": {"cpu": "100m"},
+    }
+    # init: 4, then 3 beside the 0.5 sidecar = 3.5; running: 1 + the sidecar's 0.5; the max, plus the overhead
+    assert capacity.pod_requests(spec) == {"cpu": Decimal("4.1"), "memory": Decimal(2**30)}
+    with pytest.raises(PlanningError, match=r"containers\[0\]\.resources"):
+        capacity.pod_requests({"containers": [container("lots")]})
+
+
+def test_a_pass_sees_each_nodes_free_room_with_its_own_pods_not_held_against_it() -> None:
+    async def handle(key: tuple[str, str]) -> None:
+        return None
+
+    runtime = Runtime.start(cast(Any, object()), WorkQueue(handle), namespaces=("ml",), watch_nodes=True)
+    (bound,) = [informer for informer in runtime.informers if informer.sink is runtime.requests]
+    # every namespace's pods at once, only those bound and not finished; no scope of jobs of its own
+    assert bound.namespace is None and bound.resource.path(None) == "/api/v1/pods"
+    assert bound.field_selector == "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    assert runtime.scopes() == ["ml"]
+    parsed = jobs.job()
+    runtime.nodes.observe("ADDED", node("n1", 8))
+    ours = pod("demo-worker-0", "1", owner=parsed.metadata.uid)
+    ours["spec"] = {"nodeName": "n1", "containers": [{"name": "w", "resources": {"requests": {"nvidia.com/gpu": "2"}}}]}
+    for body in (ours, bound_pod("theirs", "n1", 4)):
+        runtime.children.observe("ADDED", body)
+        runtime.requests.observe("ADDED", body)
+    observed = runtime.observe(parsed)
+    assert observed.node_requested["n1"]["nvidia.com/gpu"] == Decimal(6)
+    assert observed.node_free("n1")["nvidia.com/gpu"] == Decimal(4)  # 8 less the other tenant's 4

@@ -23,7 +23,7 @@ import json
 import sys
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -414,10 +414,14 @@ class ChildCache(ListedSink):
         node_capacity: str = "",
         node_allocatable: Mapping[str, Mapping[str, Decimal]] | None = None,
         node_labels: Mapping[str, Mapping[str, str]] | None = None,
+        node_requested: NodeRequests | None = None,
         workload: QueuedWorkload | None = None,
     ) -> Observed:
+        pods = self.pods_of(namespace, job_uid)
+        requested = node_requested.requested() if node_requested is not None else {}
+        own = node_requested.held_by((namespace, pod.name) for pod in pods) if node_requested is not None else {}
         return Observed(
-            pods=self.pods_of(namespace, job_uid),
+            pods=pods,
             objects=self.objects_of(namespace, job_uid),
             unready_nodes=unready_nodes,
             progress=progress,
@@ -428,6 +432,8 @@ class ChildCache(ListedSink):
             node_capacity=node_capacity,
             node_allocatable=node_allocatable or {},
             node_labels=node_labels or {},
+            node_requested=requested,
+            own_requested=own,
             workload=workload,
         )
 
@@ -436,8 +442,8 @@ class ChildCache(ListedSink):
 
 
 class NodeCache(ListedSink):
-    """Nodes whose Ready condition is not True and since when, nodes recently deleted, and a
-    fingerprint of what the schedulable nodes offer.
+    """Nodes whose Ready condition is not True and since when, nodes recently deleted, every
+    node's labels, and what the schedulable nodes offer (their allocatable and a fingerprint).
 
     Since when a node is not ready: its Ready condition's ``lastTransitionTime`` (never later than
     when this process first saw it so), kept while the node stays not ready. A timestamp the cluster
@@ -468,7 +474,7 @@ class NodeCache(ListedSink):
         # schedulable node -> its allocatable as listed, and parsed (once per change)
         self._allocatable: dict[str, tuple[Mapping[str, Any], Mapping[str, Decimal]]] = {}
         self._allocatable_view: Mapping[str, Mapping[str, Decimal]] | None = None
-        self._labels: dict[str, dict[str, str]] = {}  # schedulable node -> its labels (topology domains)
+        self._labels: dict[str, dict[str, str]] = {}  # every existing node -> its labels (topology domains)
         self._labels_view: Mapping[str, Mapping[str, str]] | None = None
         # XOR of one digest per (node, offer): updated per node event, independent of order, so
         # the fingerprint costs O(1) however many nodes there are
@@ -507,15 +513,17 @@ class NodeCache(ListedSink):
             if known is None or known[0] != allocatable:
                 self._allocatable[name] = (dict(allocatable), capacity.parse_allocatable(allocatable))
                 self._allocatable_view = None
-            labels = body.get("metadata", {}).get("labels") or {}
-            if self._labels.get(name) != labels:
-                self._labels[name] = {shared(key) or "": shared(value) or "" for key, value in labels.items()}
-                self._labels_view = None
-        else:
-            if self._allocatable.pop(name, None) is not None:
-                self._allocatable_view = None
+        elif self._allocatable.pop(name, None) is not None:
+            self._allocatable_view = None
+        # every node's labels while it exists, Ready or not, cordoned or not: they say where pods
+        # run (their domain, their rank address), which a NotReady blip or a cordon does not change
+        labels = body.get("metadata", {}).get("labels") or {}
+        if deleted:
             if self._labels.pop(name, None) is not None:
                 self._labels_view = None
+        elif self._labels.get(name) != labels:
+            self._labels[name] = {shared(key) or "": shared(value) or "" for key, value in labels.items()}
+            self._labels_view = None
         changed = before != unready or deleted
         if changed and self._on_change is not None:
             self._on_change(name)
@@ -579,7 +587,8 @@ class NodeCache(ListedSink):
         return self._allocatable_view
 
     def labels(self) -> Mapping[str, Mapping[str, str]]:
-        """Node name -> the labels of each schedulable node (read-only)."""
+        """Node name -> the labels of every node that exists, schedulable or not (read-only):
+        where pods run is not whether new ones may go there (``allocatable`` says that)."""
         if self._labels_view is None:
             self._labels_view = MappingProxyType(dict(self._labels))
         return self._labels_view
@@ -598,6 +607,105 @@ class NodeCache(ListedSink):
             listing = f"{self._offer_digest:032x}/{self._released}"
             self._fingerprint = hashlib.sha256(listing.encode()).hexdigest()[:16] if self._offers else ""
         return self._fingerprint
+
+
+Requests = tuple[tuple[str, Decimal], ...]
+"""What one pod requests of its node, by resource (``capacity.pod_requests``), sorted."""
+
+
+class NodeRequests(ListedSink):
+    """What the pods bound to each node request, pods of every namespace and owner (other
+    tenants' included): a node's room is its allocatable less this (``Observed.node_free``).
+
+    Fed by a cluster-wide informer on the pods that have a node and have not finished (a field
+    selector, so finished pods never cross the wire); a pod that finishes or goes is dropped. Per
+    pod it keeps its node and its requests (one shared tuple per distinct set, as pods of one
+    template ask alike), and each node's sum is updated per event, so nothing is summed per pass.
+
+    ``on_release()`` is called when a pod stops holding what it requested (deleted, finished).
+    """
+
+    def __init__(self, on_release: Callable[[], None] | None = None) -> None:
+        self._pods: dict[tuple[str, str], tuple[str, Requests]] = {}  # (namespace, name) -> (node, requests)
+        self._shared: dict[Requests, tuple[Requests, int]] = {}  # requests -> (one copy, pods holding it)
+        self._totals: dict[str, dict[str, Decimal]] = {}  # node -> what its pods request (replaced, never changed)
+        self._counts: dict[str, int] = {}  # node -> its pods
+        self._view: Mapping[str, Mapping[str, Decimal]] | None = None
+        self._on_release = on_release
+
+    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        metadata = body.get("metadata") or {}
+        key = (shared(metadata.get("namespace", "")) or "", str(metadata.get("name", "")))
+        spec = body.get("spec") or {}
+        node = spec.get("nodeName")
+        phase = (body.get("status") or {}).get("phase")
+        if event_type == "DELETED" or not node or phase in ("Succeeded", "Failed"):
+            if self._drop(key) and self._on_release is not None:
+                self._on_release()
+            return
+        try:
+            parsed = capacity.pod_requests(spec)
+        except ValueError:  # the API server validates quantities: not expected
+            parsed = {}
+        requests = tuple(sorted((sys.intern(name), value) for name, value in parsed.items() if value > 0))
+        if self._pods.get(key) == (node, requests):
+            return
+        self._drop(key)
+        copy, holders = self._shared.get(requests, (requests, 0))
+        self._shared[requests] = (copy, holders + 1)
+        node = shared(node) or ""
+        self._pods[key] = (node, copy)
+        self._count(node, copy, 1)
+
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str) -> None:
+        released = False
+        for key in [key for key in self._pods if namespace in (None, key[0]) and key not in listed]:
+            released = self._drop(key) or released
+        if released and self._on_release is not None:
+            self._on_release()
+
+    def _drop(self, key: tuple[str, str]) -> bool:
+        held = self._pods.pop(key, None)
+        if held is None:
+            return False
+        node, requests = held
+        copy, holders = self._shared[requests]
+        if holders > 1:
+            self._shared[requests] = (copy, holders - 1)
+        else:
+            del self._shared[requests]
+        self._count(node, requests, -1)
+        return True
+
+    def _count(self, node: str, requests: Requests, sign: int) -> None:
+        pods = self._counts.get(node, 0) + sign
+        if pods:
+            total = dict(self._totals.get(node, {}))  # a new dict: views handed out never change
+            for name, value in requests:
+                total[name] = total.get(name, Decimal(0)) + sign * value
+            self._totals[node] = total
+            self._counts[node] = pods
+        else:
+            self._totals.pop(node, None)
+            self._counts.pop(node, None)
+        self._view = None
+
+    def requested(self) -> Mapping[str, Mapping[str, Decimal]]:
+        """Node -> what the pods bound to it request (rebuilt only after a change; read-only)."""
+        if self._view is None:
+            self._view = MappingProxyType(dict(self._totals))
+        return self._view
+
+    def held_by(self, pods: Iterable[tuple[str, str]]) -> dict[str, dict[str, Decimal]]:
+        """Node -> what these pods ((namespace, name)) bound to it request."""
+        held: dict[str, dict[str, Decimal]] = {}
+        for key in pods:
+            known = self._pods.get(key)
+            if known is not None:
+                total = held.setdefault(known[0], {})
+                for name, value in known[1]:
+                    total[name] = total.get(name, Decimal(0)) + value
+        return held
 
 
 def _unready_since(condition: Mapping[str, Any] | None, now: datetime) -> datetime:

@@ -20,7 +20,16 @@ from phalanx import metrics
 from phalanx.api import v1alpha1 as api
 from phalanx.api.admission import DNS_1123_SUBDOMAIN, DNS_1123_SUBDOMAIN_MESSAGE
 from phalanx.cluster.apply import Execution, RefusalMemory, StatusPacer
-from phalanx.cluster.cache import ChildCache, DeviceCache, JobCache, JobKey, NodeCache, WorkloadCache, with_devices
+from phalanx.cluster.cache import (
+    ChildCache,
+    DeviceCache,
+    JobCache,
+    JobKey,
+    NodeCache,
+    NodeRequests,
+    WorkloadCache,
+    with_devices,
+)
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource
@@ -42,6 +51,9 @@ SERVICES = Resource("v1", "services", "Service")
 COSCHEDULING_POD_GROUPS = Resource("scheduling.x-k8s.io/v1alpha1", "podgroups", "PodGroup")
 VOLCANO_POD_GROUPS = Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup")
 NODES = Resource("v1", "nodes", "Node", namespaced=False)
+# every namespace's pods as one cluster-wide view (what they request of their nodes), not a scope of jobs
+BOUND_PODS = Resource("v1", "pods", "Pod", namespaced=False)
+BOUND_PODS_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 KUEUE_WORKLOADS = Resource("kueue.x-k8s.io/v1beta2", "workloads", "Workload")
 NETWORK_POLICIES = Resource(desired.NETWORK_POLICY_API, "networkpolicies", "NetworkPolicy")
 ENDPOINT_SLICES = Resource(desired.ENDPOINT_SLICE_API, "endpointslices", "EndpointSlice")
@@ -105,6 +117,7 @@ class Runtime:
     jobs: JobCache = field(default_factory=JobCache)
     children: ChildCache = field(default_factory=ChildCache)
     nodes: NodeCache = field(default_factory=NodeCache)
+    requests: NodeRequests = field(default_factory=NodeRequests)
     workloads: WorkloadCache = field(default_factory=WorkloadCache)
     devices: DeviceCache = field(default_factory=DeviceCache)
     refusals: RefusalMemory = field(default_factory=RefusalMemory)
@@ -138,6 +151,7 @@ class Runtime:
         runtime.jobs = JobCache(on_change=runtime._job_changed)
         runtime.children = ChildCache(on_change=runtime._child_changed, on_pod_gone=runtime._pod_gone)
         runtime.nodes = NodeCache(on_change=runtime._node_changed, on_capacity=runtime._capacity_changed)
+        runtime.requests = NodeRequests(on_release=runtime._capacity_changed)
         runtime.workloads = WorkloadCache(on_change=runtime._workload_changed)
         runtime.devices = DeviceCache(on_capacity=runtime._capacity_changed)
         owned = naming.JOB_NAME_LABEL  # only our children cross the wire
@@ -168,16 +182,19 @@ class Runtime:
                     )
                 )
         if watch_nodes:
-            for resource, cluster_sink in (
-                (NODES, runtime.nodes),
-                (RESOURCE_SLICES, runtime.devices),  # DRA devices, for the capacity judgement
-                (DEVICE_CLASSES, runtime.devices),
+            for resource, cluster_sink, fields in (
+                (NODES, runtime.nodes, None),
+                (RESOURCE_SLICES, runtime.devices, None),  # DRA devices, for the capacity judgement
+                (DEVICE_CLASSES, runtime.devices, None),
+                # what every tenant's pods hold of their nodes, for placement by topology
+                (BOUND_PODS, runtime.requests, BOUND_PODS_SELECTOR),
             ):
                 runtime.informers.append(
                     Informer(
                         client,
                         resource,
                         cluster_sink,
+                        field_selector=fields,
                         watch_seconds=watch_seconds,
                         on_change=runtime._informer_changed,
                         optional=True,
@@ -304,6 +321,7 @@ class Runtime:
             node_capacity=self.capacity(),
             node_allocatable=with_devices(self.nodes.allocatable(), self.devices.per_node()),
             node_labels=self.nodes.labels(),
+            node_requested=self.requests,
             workload=self.workloads.get(
                 job.metadata.namespace, naming.kueue_group_name(job.metadata.name, job.status.attempt)
             )

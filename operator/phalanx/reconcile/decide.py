@@ -146,12 +146,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         return Decision(PhaseView("Pending", reason, message), memory, actions, stall=(reason, message))
     placed = topology.place(context, memory, launch, current)
     if placed.room is not None and placed.domain != memory.domain and spec.placement and spec.placement.topology:
-        message = topology.placed_message(spec.placement.topology.key, placed.room)
-        if placed.left is not None:
-            message += (
-                f"; moved from {placed.left}, where none of the gang found room for {topology.PATIENCE_SECONDS:.0f}s"
-            )
-        actions += event("Normal", "Placed", message)
+        actions += event("Normal", "Placed", topology.placed_message(spec.placement.topology.key, placed))
     memory = replace(memory, domain=placed.domain)
     if placed.domain is not None:
         # unplaced pods pinned to another domain (the gang moved; again after a SIGKILL between the

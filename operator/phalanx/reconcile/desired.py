@@ -30,7 +30,7 @@ from phalanx.reconcile.environment import (
 )
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.observed import JobIsolation
-from phalanx.reconcile.quantity import QuantityError, format_quantity, parse_quantity
+from phalanx.reconcile.quantity import format_quantity
 
 Object = dict[str, Any]
 
@@ -676,24 +676,9 @@ def spares_refusal(spec: api.TrainingJobSpec, launch: Launch) -> str:
     return ""
 
 
-def _pod_requests(pod_spec: dict[str, Any]) -> dict[str, Decimal]:
-    total: dict[str, Decimal] = {}
-    for index, container in enumerate(pod_spec.get("containers", [])):
-        resources = container.get("resources") or {}
-        requests = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-        for name, value in requests.items():
-            try:
-                total[name] = total.get(name, Decimal(0)) + parse_quantity(value)
-            except QuantityError as error:
-                raise PlanningError(
-                    f"spec.template.spec.containers[{index}].resources", f"{value!r} is not a quantity"
-                ) from error
-    return total
-
-
 def worker_requests(job: api.TrainingJob, launch: Launch) -> dict[str, Decimal]:
     """What one worker asks the scheduler for (limits stand in for missing requests)."""
-    return _pod_requests(worker_pod(job, launch, index=0, attempt=0)["spec"])
+    return capacity.pod_requests(worker_pod(job, launch, index=0, attempt=0)["spec"])
 
 
 def worker_demand(job: api.TrainingJob, launch: Launch) -> dict[str, Decimal]:

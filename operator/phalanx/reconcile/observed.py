@@ -222,7 +222,12 @@ class Observed:
     """Node name -> allocatable resources of each schedulable node, in base units (empty when nodes
     are not watched)."""
     node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    """Node name -> labels of each schedulable node (empty when nodes are not watched)."""
+    """Node name -> labels of every node that exists, Ready or not, cordoned or not (empty when
+    nodes are not watched): where pods run; ``node_allocatable`` says where new ones may go."""
+    node_requested: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
+    """Node name -> what the pods bound to it request, every namespace's (empty when not watched)."""
+    own_requested: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
+    """Node name -> what this job's own pods bound to it request (part of ``node_requested``)."""
     workload: QueuedWorkload | None = None
     """Kueue's Workload for the current attempt's pod group (gang.scheduler kueue)."""
     isolation: JobIsolation | None = None
@@ -247,6 +252,17 @@ class Observed:
     def store(self) -> PodRecord | None:
         """The rendezvous store pod, if it exists."""
         return next((pod for pod in self.pods if pod.role == naming.ROLE_RENDEZVOUS), None)
+
+    def node_free(self, node: str) -> dict[str, Decimal]:
+        """What a schedulable node has left for this job's pods: its allocatable less what other
+        pods bound to it request (never below 0). The job's own pods do not count: a gang's
+        placed workers hold their slots already, and its stopping pods make room for it."""
+        requested = self.node_requested.get(node, {})
+        own = self.own_requested.get(node, {})
+        return {
+            name: max(Decimal(0), offer - requested.get(name, Decimal(0)) + own.get(name, Decimal(0)))
+            for name, offer in self.node_allocatable.get(node, {}).items()
+        }
 
     def has(self, kind: str, name: str) -> bool:
         """Whether a Service or PodGroup exists (``kind``: its ``child_kind``)."""
