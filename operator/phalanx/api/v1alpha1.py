@@ -506,6 +506,15 @@ class Container(BaseModel):
     image: str = Field(min_length=1)
     """Container image."""
 
+    # Declared so that the template's immutability covers them: CEL sees no field that the schema
+    # leaves to x-kubernetes-preserve-unknown-fields, and the command decides whether the job
+    # is supervised (in-place restarts, spares).
+    command: list[str] | None = None
+    """The container's entrypoint; the trainer's runs torchrun, or phalanx-supervise before it."""
+
+    args: list[str] | None = None
+    """Arguments to the entrypoint."""
+
 
 class PodSpecTemplate(BaseModel):
     """An ordinary pod spec. The operator adds what distributed training needs and keeps the rest."""
@@ -657,7 +666,9 @@ class TrainingJobSpec(ApiModel):
     do not restart the clock."""
 
     template: PodTemplate = Field(json_schema_extra={"x-kubernetes-validations": [immutable("the pod template")]})
-    """The worker pod template."""
+    """The worker pod template. Immutable in what the schema declares (its labels and annotations,
+    and each container's name, image, command and args: whether the trainer runs phalanx-supervise
+    decides in-place restarts and spares); the API server's rules cannot see the rest."""
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
