@@ -32,7 +32,10 @@ from typing import Any
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import capacity, naming
+from phalanx.reconcile.actions import Event
 from phalanx.reconcile.observed import (
+    POD_ANNOTATIONS,
+    POD_LABELS,
     ChildKey,
     Completion,
     ObjectRecord,
@@ -269,6 +272,7 @@ class ChildCache(ListedSink):
         self._labelled: dict[JobKey, set[ChildKey]] = defaultdict(set)
         self._waiting: dict[ObjectKey, JobKey] = {}  # pods the scheduler found no node for, by job
         self._deleted = RecentlyDeleted()
+        self._warned: dict[ObjectKey, tuple[str, frozenset[str]]] = {}  # pod UID, keys warned of
         self._on_change = on_change
         self._on_pod_gone = on_pod_gone
 
@@ -323,6 +327,7 @@ class ChildCache(ListedSink):
 
     def _remove(self, ident: ObjectKey) -> JobKey | None:
         entry = self._entries.pop(ident, None)
+        self._warned.pop(ident, None)
         if entry is None:
             return None
         self._unfile(ident, entry)
@@ -367,6 +372,35 @@ class ChildCache(ListedSink):
         if record is not None and not record.deleting:
             pods[name] = dataclasses.replace(record, deleting=True)
             self._waiting.pop(("Pod", namespace, name), None)
+
+    def take_ignored_values(self, namespace: str, job_uid: str) -> tuple[Event, ...]:
+        """A Warning Event for each label or annotation value of the job's pods that was ignored
+        (``PodRecord.ignored``) and not reported yet: once per pod UID and key, for as long as
+        the pod is cached."""
+        found: list[Event] = []
+        for name, record in self._pods.get((namespace, job_uid), {}).items():
+            if not record.ignored:
+                continue
+            ident = ("Pod", namespace, name)
+            uid, warned = self._warned.get(ident, (record.uid, frozenset()))
+            if uid != record.uid:
+                warned = frozenset()
+            for key in record.ignored:
+                if key in warned:
+                    continue
+                kind, format_ = (
+                    ("label", POD_LABELS[key]) if key in POD_LABELS else ("annotation", POD_ANNOTATIONS[key])
+                )
+                found.append(
+                    Event(
+                        "Warning",
+                        "PodValueIgnored",
+                        f"pod {name}: the value of its {kind} {key} is ignored (read as absent): "
+                        f"it must be {format_.what}",
+                    )
+                )
+            self._warned[ident] = (record.uid, warned | frozenset(record.ignored))
+        return tuple(found)
 
     # -- reading ---------------------------------------------------------------------------------
 
