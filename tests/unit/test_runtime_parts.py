@@ -269,14 +269,17 @@ def test_job_cache_prefers_newer_versions() -> None:
     assert "stale" not in (cache.get(key) or {})
 
 
-def test_job_cache_keeps_no_field_manager_bookkeeping_and_no_last_applied_copy() -> None:
+def test_job_cache_keeps_no_field_manager_bookkeeping_and_only_the_metadata_it_reads() -> None:
     cache = JobCache()
-    annotations = {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "team": "vision"}
+    annotations = {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "team": "vision" * 60_000,
+                   "argocd.argoproj.io/tracking-id": "app:phalanx.dev/TrainingJob:ml/demo"}  # fmt: skip
     metadata = {"name": "demo", "namespace": "ml", "uid": "u", "resourceVersion": "10", "annotations": annotations,
+                "labels": {"team": "vision"},
                 "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]}  # fmt: skip
     body = {"metadata": metadata, "spec": {"workers": {"desired": 2}}}
     kept = cache.get(cache.update(body)) or {}
-    assert kept["metadata"]["annotations"] == {"team": "vision"} and "managedFields" not in kept["metadata"]
+    assert kept["metadata"]["annotations"] == {"argocd.argoproj.io/tracking-id": "app:phalanx.dev/TrainingJob:ml/demo"}
+    assert "labels" not in kept["metadata"] and "managedFields" not in kept["metadata"]
     assert kept["spec"] == body["spec"] and "managedFields" in metadata  # the caller's body is left alone
 
 

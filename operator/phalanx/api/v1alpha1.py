@@ -903,6 +903,11 @@ class TrainingJobStatus(ApiModel):
     """Ready, Reconciling and Stalled (kstatus), plus Running, Succeeded, Failed and Suspended."""
 
 
+GITOPS_ANNOTATIONS = ("argocd.argoproj.io/tracking-id",)
+GITOPS_LABELS = ("argocd.argoproj.io/instance", "kustomize.toolkit.fluxcd.io/name", "helm.toolkit.fluxcd.io/name")
+"""The metadata keys by which ``ObjectMeta.gitops_tool`` knows a job that Argo CD or Flux applies."""
+
+
 class ObjectMeta(BaseModel):
     """The part of metadata the operator reads."""
 
@@ -920,9 +925,9 @@ class ObjectMeta(BaseModel):
     def gitops_tool(self) -> str | None:
         """Argo CD or Flux when the object carries that tool's tracking metadata."""
         labels, annotations = self.labels or {}, self.annotations or {}
-        if "argocd.argoproj.io/tracking-id" in annotations or "argocd.argoproj.io/instance" in labels:
+        if GITOPS_ANNOTATIONS[0] in annotations or GITOPS_LABELS[0] in labels:
             return "Argo CD"
-        if any(key in labels for key in ("kustomize.toolkit.fluxcd.io/name", "helm.toolkit.fluxcd.io/name")):
+        if any(key in labels for key in GITOPS_LABELS[1:]):
             return "Flux"
         return None
 

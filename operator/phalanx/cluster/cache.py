@@ -83,17 +83,25 @@ def controller_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+KEPT_METADATA_VALUE = 1024  # the longest label or annotation value a slimmed body keeps
+
+
+def _kept(values: Any, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    if not isinstance(values, Mapping):
+        return None
+    return {k: v for k in keys if isinstance(v := values.get(k), str) and len(v) <= KEPT_METADATA_VALUE} or None
 
 
 def _slim(body: Mapping[str, Any]) -> dict[str, Any]:
     """The body without what the operator never reads and what grows with every write (the field
-    managers' bookkeeping, kubectl's copy of the last applied manifest), its keys and short
-    strings shared with every other job's (each decoded body brings its own copies)."""
-    metadata = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
-    annotations = metadata.get("annotations")
-    if annotations and LAST_APPLIED in annotations:
-        metadata["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    managers' bookkeeping, kubectl's copy of the last applied manifest, and every label and
+    annotation but the few ``ObjectMeta.gitops_tool`` reads: their values are the tenant's), its
+    keys and short strings shared with every other job's (each decoded body brings its own copies)."""
+    given = body.get("metadata") or {}
+    metadata = {k: v for k, v in given.items() if k not in ("managedFields", "labels", "annotations")}
+    for field, keys in (("labels", api.GITOPS_LABELS), ("annotations", api.GITOPS_ANNOTATIONS)):
+        if (kept := _kept(given.get(field), keys)) is not None:
+            metadata[field] = kept
     slimmed: dict[str, Any] = _shared_strings({**body, "metadata": metadata})
     return slimmed
 
