@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import tracemalloc
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -125,6 +127,40 @@ def test_child_cache_knows_which_jobs_wait_for_a_node_as_their_pods_change() -> 
     assert cache.jobs_waiting_for_nodes() == set()
 
 
+def test_child_cache_warns_once_per_pod_and_key_of_a_value_it_ignored() -> None:
+    """A 240 KiB annotation on a worker pod: the cache keeps a small record without it, and the
+    job gets one Warning Event naming the pod, the key and the limit, however often it is seen."""
+    cache = ChildCache()
+    huge = pod("demo-worker-0", "5")
+    huge["metadata"]["annotations"] = {  # type: ignore[index]
+        naming.RANK_ADDRESS_ANNOTATION: "a" * (240 * 1024),
+        "example.com/notes": "x" * (240 * 1024),
+    }
+    text = json.dumps(huge)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        cache.observe("ADDED", json.loads(text))
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 4096, f"{kept} bytes kept for one pod"
+    (record,) = cache.pods_of("ml", JOB_UID)
+    assert record.rank_address is None
+    warnings = cache.take_ignored_values("ml", JOB_UID)
+    assert [(event.type, event.reason) for event in warnings] == [("Warning", "PodValueIgnored")]
+    assert "demo-worker-0" in warnings[0].message and naming.RANK_ADDRESS_ANNOTATION in warnings[0].message
+    assert "253 characters" in warnings[0].message
+    for version in ("6", "7"):  # seen again (the watch, a relist): no second warning
+        again = json.loads(text)
+        again["metadata"]["resourceVersion"] = version
+        cache.observe("MODIFIED", again)
+        assert cache.take_ignored_values("ml", JOB_UID) == ()
+    cache.observe("DELETED", huge)
+    cache.observe("ADDED", {**json.loads(text), "metadata": {**huge["metadata"], "uid": "pod-again"}})  # type: ignore[dict-item]
+    assert len(cache.take_ignored_values("ml", JOB_UID)) == 1  # another pod (UID) under the name
+
+
 def test_child_cache_keeps_newest_records_and_forgets_deleted() -> None:
     cache = ChildCache()
     assert cache.observe("ADDED", pod("demo-worker-0", "5")) == ("ml", "demo")
@@ -235,14 +271,17 @@ def test_job_cache_prefers_newer_versions() -> None:
     assert "stale" not in (cache.get(key) or {})
 
 
-def test_job_cache_keeps_no_field_manager_bookkeeping_and_no_last_applied_copy() -> None:
+def test_job_cache_keeps_no_field_manager_bookkeeping_and_only_the_metadata_it_reads() -> None:
     cache = JobCache()
-    annotations = {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "team": "vision"}
+    annotations = {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "team": "vision" * 60_000,
+                   "argocd.argoproj.io/tracking-id": "app:phalanx.dev/TrainingJob:ml/demo"}  # fmt: skip
     metadata = {"name": "demo", "namespace": "ml", "uid": "u", "resourceVersion": "10", "annotations": annotations,
+                "labels": {"team": "vision"},
                 "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]}  # fmt: skip
     body = {"metadata": metadata, "spec": {"workers": {"desired": 2}}}
     kept = cache.get(cache.update(body)) or {}
-    assert kept["metadata"]["annotations"] == {"team": "vision"} and "managedFields" not in kept["metadata"]
+    assert kept["metadata"]["annotations"] == {"argocd.argoproj.io/tracking-id": "app:phalanx.dev/TrainingJob:ml/demo"}
+    assert "labels" not in kept["metadata"] and "managedFields" not in kept["metadata"]
     assert kept["spec"] == body["spec"] and "managedFields" in metadata  # the caller's body is left alone
 
 

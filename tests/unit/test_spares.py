@@ -207,6 +207,42 @@ def test_spares_without_what_they_need_are_refused_naming_the_field(spec: dict[s
     assert world.status["message"].startswith("spec.workers.spares: ") and why in world.status["message"]
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param({"workers": {"spares": 1}}, id="spares set on a job whose command is not supervised"),
+        # refused at admission since the containers' command is declared (CRDs before that let it through)
+        pytest.param({"template": {"spec": {"containers": [{"name": "trainer", "image": "example/train:1",
+                                                            "command": ["torchrun"]}]}}}, id="supervisor taken away"),
+    ],
+)  # fmt: skip
+def test_an_edit_that_makes_spares_impossible_mid_run_keeps_handling_failures_and_ends_succeeded(
+    edit: dict[str, Any],
+) -> None:
+    """A running job whose spec can no longer have spares trains on without them (Stalled says
+    why): a failed worker is still replaced, and the run that completes is Succeeded."""
+    world = training(with_spares(0 if "workers" in edit else 1, command=None if "template" in edit else ["torchrun"]))
+    spec = world.body["spec"]
+    for key, value in edit.items():
+        spec[key] = {**spec[key], **value}
+    world.terminate("demo-worker-1", 1)
+    handled = world.reconcile()
+    assert world.status["restarts"] == 1 and world.status["phase"] != "Failed"
+    stalled = next(c for c in world.status["conditions"] if c["type"] == "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "InvalidSpec"
+    assert "spec.workers.spares" in stalled["message"]
+    assert "InvalidSpec" in {event.reason for event in handled.events}
+    world.finish_terminating()
+    world.settle()
+    world.run()
+    world.settle()
+    assert world.spares() == []  # none created from a spec that cannot have them
+    for pod in world.workers(world.status["attempt"]):
+        world.terminate(pod["metadata"]["name"], 0)
+    world.reconcile()
+    assert (world.status["phase"], world.status["reason"]) == ("Succeeded", "Succeeded")
+
+
 def test_spares_join_the_pod_group_but_not_its_min_member() -> None:
     world = with_spares(1, gang={"scheduler": "scheduler-plugins"})
     world.settle()

@@ -506,6 +506,15 @@ class Container(BaseModel):
     image: str = Field(min_length=1)
     """Container image."""
 
+    # Declared so that the template's immutability covers them: CEL sees no field that the schema
+    # leaves to x-kubernetes-preserve-unknown-fields, and the command decides whether the job
+    # is supervised (in-place restarts, spares).
+    command: list[str] | None = None
+    """The container's entrypoint; the trainer's runs torchrun, or phalanx-supervise before it."""
+
+    args: list[str] | None = None
+    """Arguments to the entrypoint."""
+
 
 class PodSpecTemplate(BaseModel):
     """An ordinary pod spec. The operator adds what distributed training needs and keeps the rest."""
@@ -657,7 +666,9 @@ class TrainingJobSpec(ApiModel):
     do not restart the clock."""
 
     template: PodTemplate = Field(json_schema_extra={"x-kubernetes-validations": [immutable("the pod template")]})
-    """The worker pod template."""
+    """The worker pod template. Immutable in what the schema declares (its labels and annotations,
+    and each container's name, image, command and args: whether the trainer runs phalanx-supervise
+    decides in-place restarts and spares); the API server's rules cannot see the rest."""
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -898,6 +909,11 @@ class TrainingJobStatus(ApiModel):
     """Ready, Reconciling and Stalled (kstatus), plus Running, Succeeded, Failed and Suspended."""
 
 
+GITOPS_ANNOTATIONS = ("argocd.argoproj.io/tracking-id",)
+GITOPS_LABELS = ("argocd.argoproj.io/instance", "kustomize.toolkit.fluxcd.io/name", "helm.toolkit.fluxcd.io/name")
+"""The metadata keys by which ``ObjectMeta.gitops_tool`` knows a job that Argo CD or Flux applies."""
+
+
 class ObjectMeta(BaseModel):
     """The part of metadata the operator reads."""
 
@@ -915,9 +931,9 @@ class ObjectMeta(BaseModel):
     def gitops_tool(self) -> str | None:
         """Argo CD or Flux when the object carries that tool's tracking metadata."""
         labels, annotations = self.labels or {}, self.annotations or {}
-        if "argocd.argoproj.io/tracking-id" in annotations or "argocd.argoproj.io/instance" in labels:
+        if GITOPS_ANNOTATIONS[0] in annotations or GITOPS_LABELS[0] in labels:
             return "Argo CD"
-        if any(key in labels for key in ("kustomize.toolkit.fluxcd.io/name", "helm.toolkit.fluxcd.io/name")):
+        if any(key in labels for key in GITOPS_LABELS[1:]):
             return "Flux"
         return None
 

@@ -32,7 +32,10 @@ from typing import Any
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import capacity, naming
+from phalanx.reconcile.actions import Event
 from phalanx.reconcile.observed import (
+    POD_ANNOTATIONS,
+    POD_LABELS,
     ChildKey,
     Completion,
     ObjectRecord,
@@ -80,17 +83,25 @@ def controller_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+KEPT_METADATA_VALUE = 1024  # the longest label or annotation value a slimmed body keeps
+
+
+def _kept(values: Any, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    if not isinstance(values, Mapping):
+        return None
+    return {k: v for k in keys if isinstance(v := values.get(k), str) and len(v) <= KEPT_METADATA_VALUE} or None
 
 
 def _slim(body: Mapping[str, Any]) -> dict[str, Any]:
     """The body without what the operator never reads and what grows with every write (the field
-    managers' bookkeeping, kubectl's copy of the last applied manifest), its keys and short
-    strings shared with every other job's (each decoded body brings its own copies)."""
-    metadata = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
-    annotations = metadata.get("annotations")
-    if annotations and LAST_APPLIED in annotations:
-        metadata["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    managers' bookkeeping, kubectl's copy of the last applied manifest, and every label and
+    annotation but the few ``ObjectMeta.gitops_tool`` reads: their values are the tenant's), its
+    keys and short strings shared with every other job's (each decoded body brings its own copies)."""
+    given = body.get("metadata") or {}
+    metadata = {k: v for k, v in given.items() if k not in ("managedFields", "labels", "annotations")}
+    for field, keys in (("labels", api.GITOPS_LABELS), ("annotations", api.GITOPS_ANNOTATIONS)):
+        if (kept := _kept(given.get(field), keys)) is not None:
+            metadata[field] = kept
     slimmed: dict[str, Any] = _shared_strings({**body, "metadata": metadata})
     return slimmed
 
@@ -269,6 +280,7 @@ class ChildCache(ListedSink):
         self._labelled: dict[JobKey, set[ChildKey]] = defaultdict(set)
         self._waiting: dict[ObjectKey, JobKey] = {}  # pods the scheduler found no node for, by job
         self._deleted = RecentlyDeleted()
+        self._warned: dict[ObjectKey, tuple[str, frozenset[str]]] = {}  # pod UID, keys warned of
         self._on_change = on_change
         self._on_pod_gone = on_pod_gone
 
@@ -323,6 +335,7 @@ class ChildCache(ListedSink):
 
     def _remove(self, ident: ObjectKey) -> JobKey | None:
         entry = self._entries.pop(ident, None)
+        self._warned.pop(ident, None)
         if entry is None:
             return None
         self._unfile(ident, entry)
@@ -367,6 +380,35 @@ class ChildCache(ListedSink):
         if record is not None and not record.deleting:
             pods[name] = dataclasses.replace(record, deleting=True)
             self._waiting.pop(("Pod", namespace, name), None)
+
+    def take_ignored_values(self, namespace: str, job_uid: str) -> tuple[Event, ...]:
+        """A Warning Event for each label or annotation value of the job's pods that was ignored
+        (``PodRecord.ignored``) and not reported yet: once per pod UID and key, for as long as
+        the pod is cached."""
+        found: list[Event] = []
+        for name, record in self._pods.get((namespace, job_uid), {}).items():
+            if not record.ignored:
+                continue
+            ident = ("Pod", namespace, name)
+            uid, warned = self._warned.get(ident, (record.uid, frozenset()))
+            if uid != record.uid:
+                warned = frozenset()
+            for key in record.ignored:
+                if key in warned:
+                    continue
+                kind, format_ = (
+                    ("label", POD_LABELS[key]) if key in POD_LABELS else ("annotation", POD_ANNOTATIONS[key])
+                )
+                found.append(
+                    Event(
+                        "Warning",
+                        "PodValueIgnored",
+                        f"pod {name}: the value of its {kind} {key} is ignored (read as absent): "
+                        f"it must be {format_.what}",
+                    )
+                )
+            self._warned[ident] = (record.uid, warned | frozenset(record.ignored))
+        return tuple(found)
 
     # -- reading ---------------------------------------------------------------------------------
 

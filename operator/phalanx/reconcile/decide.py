@@ -6,6 +6,8 @@ them in one function whose order is the order of precedence:
 
 1. a finished job winds down and waits for its TTL (``after_finish``);
 2. a spec that cannot be planned stalls a running job, or fails one that runs nothing (``invalid``);
+   one that can no longer have spares is planned without them once the job has trained (``Stalled``
+   says why), so an edit never freezes its failure handling;
 3. suspension; resumption starts a new attempt;
 4. nodes: pods no kubelet can stop are force-deleted (``watch_nodes``); pods of old attempts go,
    except those an in-place gang restart keeps (``Context.still_keeps``), which are moved to the
@@ -63,11 +65,19 @@ def decide(job: api.TrainingJob, observed: Observed, now: datetime) -> Decision:
         return after_finish(context, memory)
     try:
         launch = resolve_launch(context.spec)
-        if context.spec.workers.spares and (refusal := desired.spares_refusal(context.spec, launch)):
+        refusal = desired.spares_refusal(context.spec, launch) if context.spec.workers.spares else ""
+        trained = memory.start_time is not None or any(pod.active for pod in context.observed.workers())
+        if refusal and not trained:
             raise PlanningError("spec.workers.spares", refusal)
+        if refusal:  # made impossible mid-run (an edit): train on without spares, not frozen as ``invalid``
+            context = replace(context, job=without_spares(context.job))
         decision = decide_active(replace(context, in_place=launch.supervised), memory, launch)
     except PlanningError as error:
         return invalid(context, memory, str(error))
+    if refusal and decision.stall is None and decision.view.phase not in TERMINAL:
+        decision = replace(
+            decision, stall=("InvalidSpec", f"spec.workers.spares: {refusal}; training on without spares")
+        )
     return replace(recording_removals(context, decision), restart_mode=launch.restart_mode)
 
 
@@ -90,6 +100,12 @@ def recording_removals(context: Context, decision: Decision) -> Decision:
         and not memory.already_counted(pod)
     ]
     return replace(decision, memory=memory.removing(removed)) if removed else decision
+
+
+def without_spares(job: api.TrainingJob) -> api.TrainingJob:
+    """The job as planned when its spec can no longer have spares: its spare pods go, and no new one comes."""
+    workers = job.spec.workers.model_copy(update={"spares": 0})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"workers": workers})})
 
 
 def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
