@@ -18,14 +18,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.cluster.busy import BusyRacks, busy_racks
+from tests.cluster.busy import RACK, BusyRacks, busy_racks
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.integration.operator_process import OperatorProcess
 from tests.integration.scenario import POOL_LABEL, TRAINER, status, wait_status
 from tests.integration.test_gang import (  # noqa: F401  (coscheduling: a fixture, asked for by name)
     GANG_GPU,
-    RACK,
     NodePool,
     bound,
     coscheduling,
