@@ -32,6 +32,17 @@ class Avoidance:
 
 
 @dataclass(frozen=True)
+class SlotClaim:
+    """Slot ``index`` of ``attempt`` is the promoted spare ``pod``'s (UID ``uid``; status.slotClaims,
+    ``slots``)."""
+
+    index: int
+    pod: str
+    uid: str
+    attempt: int
+
+
+@dataclass(frozen=True)
 class Memory:
     """The part of status that carries over between passes."""
 
@@ -50,6 +61,8 @@ class Memory:
     failed_at: str | None = None
     domain: str | None = None
     """The topology domain the workers are placed in (status.placement.domain; ``topology.place``)."""
+    claims: tuple[SlotClaim, ...] = ()
+    """Slots promoted spares hold (status.slotClaims; ``slots``)."""
 
     @classmethod
     def of(cls, status: api.TrainingJobStatus) -> Memory:
@@ -68,6 +81,9 @@ class Memory:
             reached=status.recomputed_steps.reached if status.recomputed_steps else None,
             failed_at=status.recomputed_steps.failed_at if status.recomputed_steps else None,
             domain=status.placement.domain if status.placement else None,
+            claims=tuple(
+                SlotClaim(claim.index, claim.pod, claim.uid, claim.attempt) for claim in status.slot_claims or ()
+            ),
         )
 
     def counting(self, failure: Failure, pods: Iterable[PodRecord]) -> Memory:
@@ -233,7 +249,12 @@ def finish(context: Context, memory: Memory, phase: Literal["Succeeded", "Failed
     running pod is stopped."""
     # a restart whose run never comes recomputes nothing
     memory = replace(
-        memory, completion_time=format_time(context.now), restart_not_before=None, reached=None, failed_at=None
+        memory,
+        completion_time=format_time(context.now),
+        restart_not_before=None,
+        reached=None,
+        failed_at=None,
+        claims=(),
     )
     stop = wind_down(context, context.now) if phase == "Succeeded" else context.removing_active()
     kind: Literal["Normal", "Warning"] = "Normal" if phase == "Succeeded" else "Warning"

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.reconcile import desired, naming
+from phalanx.reconcile import desired, naming, slots
 from phalanx.reconcile.actions import NOTHING, Actions, Move, event
 from phalanx.reconcile.decision import Context, Memory
 from phalanx.reconcile.environment import Launch
@@ -77,12 +77,19 @@ class Promotions:
 
 
 def promotions(context: Context, memory: Memory, current: Sequence[PodRecord]) -> Promotions:
-    """Fill the empty slots of the current attempt with ready spares, lowest slot first."""
-    spares = ready_spares(context, memory)
+    """Fill the empty slots of the current attempt with ready spares, lowest slot first. A slot
+    whose claim waits for its spare (``slots.pending``) is that spare's: the same patch again."""
+    claimed = slots.pending(context, memory)
+    spares = [spare for spare in ready_spares(context, memory) if spare not in claimed.values()]
     actions = NOTHING
     promoted: set[str] = set()
     unfilled: list[int] = []
+    for index, spare in claimed.items():
+        promoted.add(spare.name)
+        actions += promoting(context, spare, index, memory.attempt)
     for index in empty_slots(memory, current, context.spec.workers.desired):
+        if index in claimed:
+            continue
         if not spares:
             unfilled.append(index)
             continue
