@@ -3,7 +3,8 @@ spares to create, record as failed or remove.
 
 A spare is a worker pod without a slot (``phalanx.dev/role: spare``) whose supervisor has done its
 imports and waits. One JSON patch promotes it (role, slot, attempt, rendezvous id; a ``Move`` with
-an index), and the kubelet hands the new labels to the supervisor, which starts the command.
+an index), after the status write that claims the slot for it (``slots``), and the kubelet hands
+the new labels to the supervisor, which starts the command.
 Workers lost while min survive make the world re-form in place as a new attempt, ready spares
 taking the lost slots in that pass (``restarts.reform_in_place``); any other empty slot of the
 current attempt is filled by a ready spare in the pass that finds it empty, before its old pod is
