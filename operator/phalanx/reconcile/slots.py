@@ -109,5 +109,5 @@ def one_pod_per_slot(context: Context, current: Sequence[PodRecord]) -> tuple[li
                 DUPLICATE_WORKER,
                 f"{other.name} and {kept.name} both hold worker slot {index}: {other.name}, the newer, is deleted",
             )
-    going = [pod for pod in current if pod.deleting and pod.index in holders]
-    return [pod for pod in current if pod.name not in extra and pod not in going], actions
+    going = {pod.name for pod in current if pod.deleting and pod.index in holders}
+    return [pod for pod in current if pod.name not in extra | going], actions
