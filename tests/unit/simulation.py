@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -29,10 +30,20 @@ from phalanx.reconcile.observed import (
     object_record,
     pod_record,
 )
-from phalanx.reconcile.plan import Plan, plan
+from phalanx.reconcile.plan import Plan, plan, status_changed
 from phalanx.reconcile.status import format_time
 
 START = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a pass plans from: the job as read (at ``version``, its resourceVersion) and the
+    children as observed. A view kept for later is a second replica's, or a cache that lags."""
+
+    body: dict[str, Any]
+    version: int
+    observed: Observed
 
 
 def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +93,7 @@ class World:
         self.now = now
         self.plans: list[Plan] = []
         self.job_deleted = False
+        self.version = 1  # the job's resourceVersion: each status write moves it on
 
     # -- the operator's side ---------------------------------------------------------------------
 
@@ -146,6 +158,14 @@ class World:
     def plan(self) -> Plan:
         return plan(self.job, self.observed(), self.now)
 
+    def view(self, observed: Observed | None = None) -> View:
+        """The job as it is now, with ``observed`` (children as a lagging cache saw them) or now's."""
+        return View(copy.deepcopy(self.body), self.version, observed if observed is not None else self.observed())
+
+    def plan_from(self, view: View) -> Plan:
+        """A pass planned from ``view``, at this moment."""
+        return plan(TrainingJob.from_body(view.body), view.observed, self.now)
+
     def reconcile(self) -> Plan:
         """Plan once and carry the plan out, as the operator would."""
         result = self.plan()
@@ -153,13 +173,20 @@ class World:
         self.plans.append(result)
         return result
 
-    def carry_out(self, result: Plan, *, stop_after_status: bool = False) -> None:
+    def carry_out(self, result: Plan, *, stop_after_status: bool = False, view: View | None = None) -> bool:
         """What the operator's execution does; ``stop_after_status`` is a SIGKILL right after the
-        status write (nothing else of the plan happens)."""
-        if result.status:
+        status write (nothing else of the plan happens). ``view``: what the plan was made from
+        (now's when None); its status write, sent when status changed or the plan promotes a spare,
+        carries the view's resourceVersion, and a job written since refuses it (409): then nothing
+        of the plan happens, and False is returned."""
+        read = (view.body.get("status") or {}) if view is not None else self.status
+        if result.status and (result.promotes or status_changed(read, result.status)):
+            if view is not None and view.version != self.version:
+                return False
             self.body["status"] = merge_patch(self.status, result.status)
+            self.version += 1
         if stop_after_status:
-            return
+            return True
         for applied in result.apply:
             obj = copy.deepcopy(applied)
             if obj["kind"] == "Pod" and obj["metadata"]["name"] in self.pods:
@@ -203,6 +230,7 @@ class World:
                 pod["metadata"]["deletionTimestamp"] = format_time(self.now)
         if result.delete_job:
             self.job_deleted = True
+        return True
 
     def settle(self, rounds: int = 10) -> Plan:
         """Reconcile until the plan changes nothing, letting terminating pods finish in between."""

@@ -805,6 +805,25 @@ class AvoidedNode(ApiModel):
     """When new pods may go there again."""
 
 
+class SlotClaim(ApiModel):
+    """A worker slot of the current attempt that a promoted spare holds: recorded in the status
+    write that must pass its resourceVersion precondition before the patch that promotes the spare."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    index: int = Field(ge=0, lt=MAX_WORKERS)
+    """The slot (``phalanx.dev/worker-index``)."""
+
+    pod: str = Field(max_length=253)
+    """The spare's name."""
+
+    uid: str = Field(max_length=64)
+    """The spare's UID: the claim is that pod's, not its name's."""
+
+    attempt: int = Field(ge=0)
+    """The gang attempt the slot is of; a claim of another attempt holds nothing."""
+
+
 class PlacementStatus(ApiModel):
     """The domain the operator placed the workers in (spec.placement.topology, where the operator
     chooses it: gang.scheduler none or scheduler-plugins)."""
@@ -902,6 +921,16 @@ class TrainingJobStatus(ApiModel):
         default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]}
     )
     """Nodes the job's new pods keep off after a failure of the node's own, until the time given."""
+
+    slot_claims: list[SlotClaim] | None = Field(
+        default=None,
+        max_length=MAX_WORKERS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["index"]},
+    )
+    """Worker slots of the current attempt that promoted spares hold, one claim per slot, kept while
+    the spare is there: a promotion is written here, conditional on the job's resourceVersion,
+    before the spare is patched, so two passes (two operator replicas, a stale view) never promote
+    two spares into one slot."""
 
     conditions: list[Condition] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}

@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import creation, desired, naming, restarts, spares, topology
+from phalanx.reconcile import creation, desired, naming, restarts, slots, spares, topology
 from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
 from phalanx.reconcile.creation import Wanted
 from phalanx.reconcile.decision import Context, Decision, Memory, Step, concluded, finish, wind_down
@@ -138,6 +138,9 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
     # kept through an in-place gang restart: moved to the current attempt below, never deleted
     moving = [pod for pod in stale if (pod.attempt or 0) < memory.attempt and context.still_keeps(pod, memory)]
     actions += context.removing(pod for pod in stale if pod not in moving)
+    current, duplicates = slots.one_pod_per_slot(context, current)
+    actions += duplicates
+    memory = replace(memory, claims=slots.standing(context, memory, current))
 
     completed = completion(context, memory, current)
     if completed is not None:

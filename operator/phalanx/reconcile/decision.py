@@ -32,6 +32,17 @@ class Avoidance:
 
 
 @dataclass(frozen=True)
+class SlotClaim:
+    """Slot ``index`` of ``attempt`` is the promoted spare ``pod``'s (UID ``uid``; status.slotClaims,
+    ``slots``)."""
+
+    index: int
+    pod: str
+    uid: str
+    attempt: int
+
+
+@dataclass(frozen=True)
 class Memory:
     """The part of status that carries over between passes."""
 
@@ -52,6 +63,8 @@ class Memory:
     """The topology domain the workers are placed in (status.placement.domain; ``topology.place``)."""
     removed: frozenset[str] = frozenset()
     """UIDs of workers of the attempt the operator deleted itself (status.removedWorkers)."""
+    claims: tuple[SlotClaim, ...] = ()
+    """Slots promoted spares hold (status.slotClaims; ``slots``)."""
 
     @classmethod
     def of(cls, status: api.TrainingJobStatus) -> Memory:
@@ -71,6 +84,9 @@ class Memory:
             failed_at=status.recomputed_steps.failed_at if status.recomputed_steps else None,
             domain=status.placement.domain if status.placement else None,
             removed=frozenset(status.removed_workers or ()),
+            claims=tuple(
+                SlotClaim(claim.index, claim.pod, claim.uid, claim.attempt) for claim in status.slot_claims or ()
+            ),
         )
 
     def counting(self, failure: Failure, pods: Iterable[PodRecord]) -> Memory:
@@ -250,7 +266,12 @@ def finish(context: Context, memory: Memory, phase: Literal["Succeeded", "Failed
     running pod is stopped."""
     # a restart whose run never comes recomputes nothing
     memory = replace(
-        memory, completion_time=format_time(context.now), restart_not_before=None, reached=None, failed_at=None
+        memory,
+        completion_time=format_time(context.now),
+        restart_not_before=None,
+        reached=None,
+        failed_at=None,
+        claims=(),
     )
     stop = wind_down(context, context.now) if phase == "Succeeded" else context.removing_active()
     kind: Literal["Normal", "Warning"] = "Normal" if phase == "Succeeded" else "Warning"

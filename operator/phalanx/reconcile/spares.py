@@ -3,7 +3,8 @@ spares to create, record as failed or remove.
 
 A spare is a worker pod without a slot (``phalanx.dev/role: spare``) whose supervisor has done its
 imports and waits. One JSON patch promotes it (role, slot, attempt, rendezvous id; a ``Move`` with
-an index), and the kubelet hands the new labels to the supervisor, which starts the command.
+an index), after the status write that claims the slot for it (``slots``), and the kubelet hands
+the new labels to the supervisor, which starts the command.
 Workers lost while min survive make the world re-form in place as a new attempt, ready spares
 taking the lost slots below ``workers.desired`` in that pass (``restarts.reform_in_place``; a slot
 a scale-down removes in the same pass is none of them); any other empty slot of the current attempt
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.reconcile import desired, naming
+from phalanx.reconcile import desired, naming, slots
 from phalanx.reconcile.actions import NOTHING, Actions, Move, event
 from phalanx.reconcile.decision import Context, Memory
 from phalanx.reconcile.environment import Launch
@@ -74,14 +75,10 @@ def holders(memory: Memory, current: Sequence[PodRecord]) -> list[PodRecord]:
     return [pod for pod in current if pod.active and pod.index is not None and not memory.already_counted(pod)]
 
 
-def waiting_slots(memory: Memory, current: Sequence[PodRecord], wanted: int) -> tuple[list[PodRecord], list[PodRecord]]:
-    """Workers below ``wanted`` not bound to a node: those alone in their slot (a ready spare may
-    take it), and those beside a bound pod of the same slot (a spare was promoted into it, and the
-    pass that did stopped before it deleted them: they go)."""
-    pods = holders(memory, current)
-    bound = {pod.index for pod in pods if pod.node_name is not None}
-    unbound = [pod for pod in pods if pod.node_name is None and (pod.index or 0) < wanted]
-    return [pod for pod in unbound if pod.index not in bound], [pod for pod in unbound if pod.index in bound]
+def waiting_slots(memory: Memory, current: Sequence[PodRecord], wanted: int) -> list[PodRecord]:
+    """Workers below ``wanted`` not bound to a node, alone in their slot: a ready spare may take it
+    (a doubled slot was resolved before, ``slots.one_pod_per_slot``)."""
+    return [pod for pod in holders(memory, current) if pod.node_name is None and (pod.index or 0) < wanted]
 
 
 def promoting(context: Context, spare: PodRecord, index: int, attempt: int) -> Actions:
@@ -110,17 +107,23 @@ class Promotions:
 def promotions(context: Context, memory: Memory, current: Sequence[PodRecord]) -> Promotions:
     """Fill the empty slots of the current attempt with ready spares, lowest slot first, then the
     slots whose worker waits for a node: a ready spare runs already (it may hold the very room the
-    worker waits for), so it takes the slot and the waiting pod is deleted. The promotion is written
-    before the deletion (``apply``), so a pass cut short between the two leaves a doubled slot, whose
-    unbound pod the next pass deletes; the waiting pod never ran, so its deletion is no loss
-    (``restarts.handle_failures``)."""
-    spares = ready_spares(context, memory)
+    worker waits for), so it takes the slot and the waiting pod is deleted. A slot whose claim waits
+    for its spare (``slots.pending``) is that spare's: the same patch again. The promotion is claimed
+    in status and sent before the deletion (``apply``), so a pass cut short between the two leaves
+    a doubled slot, whose unbound pod the next pass deletes (``slots.one_pod_per_slot``); the
+    waiting pod never ran, so its deletion is no loss (``status.removedWorkers``)."""
+    claimed = slots.pending(context, memory)
+    spares = [spare for spare in ready_spares(context, memory) if spare not in claimed.values()]
     wanted = context.spec.workers.desired
-    waiting, doubled = waiting_slots(memory, current, wanted)
-    actions = context.removing(doubled)
+    actions = NOTHING
     promoted: set[str] = set()
     unfilled: list[int] = []
+    for index, spare in claimed.items():
+        promoted.add(spare.name)
+        actions += promoting(context, spare, index, memory.attempt)
     for index in empty_slots(memory, current, wanted):
+        if index in claimed:
+            continue
         if not spares:
             unfilled.append(index)
             continue
@@ -128,14 +131,17 @@ def promotions(context: Context, memory: Memory, current: Sequence[PodRecord]) -
         promoted.add(spare.name)
         actions += promoting(context, spare, index, memory.attempt)
     still_waiting = 0
-    for pod in sorted(waiting, key=lambda pod: pod.index or 0):
+    for pod in sorted(waiting_slots(memory, current, wanted), key=lambda pod: pod.index or 0):
+        if pod.index in claimed:  # its claimed spare's patch goes again above
+            actions += context.removing([pod])
+            continue
         if not spares:
             still_waiting += 1
             continue
         spare = spares.pop(0)
         promoted.add(spare.name)
         actions += promoting(context, spare, pod.index or 0, memory.attempt) + context.removing([pod])
-    placed = not unfilled and not still_waiting and not doubled
+    placed = not unfilled and not still_waiting
     return Promotions(actions, frozenset(promoted), tuple(unfilled), placed)
 
 
