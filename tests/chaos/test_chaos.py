@@ -73,7 +73,7 @@ BUSY = ChaosConfig(
     held_share=0.6,
     cordons=2,
     silent_tenants=30,
-    seed=11,
+    seed=8,  # the job with a spare fails: the spare is promoted
 )
 
 
