@@ -477,7 +477,7 @@ class ChaosRun:
         self.silent_checked = 0.0
         self.short: dict[tuple[str, str], float] = {}  # (job uid, attempt) -> leader seconds short with a spare ready
         self.short_checked: float | None = None
-        self.reported: set[tuple[str, str]] = set()  # (job uid, attempt) of a violation reported once
+        self.reported: set[tuple[str, str, str]] = set()  # (check, job, attempt) of a violation reported once
 
     # -- the run ---------------------------------------------------------------------------------
 
