@@ -1,19 +1,23 @@
 """The chaos tier's long run: at least 200 operator kills across two replicas over at least 50
 TrainingJobs.
 
-    python -m tests.benchmarks.bench_chaos [--jobs 60] [--kills 260] [--seed 1]
+    python -m tests.benchmarks.bench_chaos [--jobs 60] [--kills 260] [--seed 1] [--busy]
 
 Starts its own control plane with KWOK nodes, runs two operator replicas electing a leader (under
 the Helm chart's RBAC, each through a fault proxy of its own) and drives jobs through whole
 lifecycles while it injects faults: kills, freezes and slow connections of the leader, API server
 crashes, forced relists, node faults, flaps and brownouts, hostile tenants (tests/chaos/driver.py
-says which, and which invariants it checks). Progress goes to stderr; the figures, the violations
-and the commit are printed as one JSON object. Exit status 1 when any invariant was violated.
+says which, and which invariants it checks). ``--busy`` runs it on a busy cluster: uneven racks
+whose GPUs other tenants' pods hold 60 %, gangs that must run in one rack, cordons, and 30 silent
+tenants whose metrics endpoints never answer (``--nodes`` is then unused). Progress goes to
+stderr; the figures, the violations and the commit are printed as one JSON object. Exit status 1
+when any invariant was violated.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -42,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostile-acts", type=int, default=12, help="hostile tenants' acts, kinds in turn")
     parser.add_argument("--nodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--busy", action="store_true", help="a busy cluster (see above)")
+    parser.add_argument("--cordons", type=int, default=12, help="node cordons of seconds, when --busy (default 12)")
     args = parser.parse_args(argv)
     config = ChaosConfig(
         jobs=args.jobs,
@@ -61,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         time_limit=7200.0,
     )
+    if args.busy:
+        config = dataclasses.replace(
+            config, racks=(7, 5, 4, 3, 2), held_share=0.6, cordons=args.cordons, silent_tenants=30
+        )
     measured = commit()  # what is being measured, before the run (the tree may change meanwhile)
     scratch = Path(tempfile.mkdtemp(prefix="phalanx-chaos-"))
     with stop_on_signals():

@@ -31,6 +31,14 @@ seconds at once); hostile tenants (``HOSTILE_KINDS``): a worker serving a gzip b
 another namespace with a victim's worker's name, labels and owner. A killed replica is started
 again at once, as a Deployment would; so is one that stopped because it lost the Lease.
 
+A busy cluster (``ChaosConfig.racks``): the nodes are racks of uneven size (``busy.RACK``) whose
+GPUs other tenants' pods, bound by name in ``TENANT_NAMESPACE``, mostly hold (``held_share``, the
+first racks nearly full); the jobs that recreate their gang must run it in one rack (placement
+required, placed by the operator); nodes are cordoned for seconds (``cordons``), and
+``silent_tenants`` jobs of another tenant, one worker each with hang detection, on nodes of their
+own, serve metrics endpoints that take the connection and never answer
+(``hostile.SilentEndpoints``), loading the scraper.
+
 Invariants, after every round and at the end:
 - never two live pods for one worker slot of one job;
 - no pod outlives its owning job by more than the garbage collector's grace (``ORPHAN_GRACE``);
@@ -40,9 +48,14 @@ Invariants, after every round and at the end:
 - a replica never exits by itself, except when it lost the Lease;
 - at no moment do two replicas write: every mutating request a replica sends (its Lease
   renewals aside) comes from the last replica that took the Lease (``audit.single_writer``);
-- a job held still while a flap, a brownout or a hostile act lasts (stable jobs on the nodes
-  concerned, the victim of a hostile act) keeps its attempt, its restarts and its pods, and does
-  not end;
+- a job held still while a flap, a brownout, a cordon or a hostile act lasts (stable jobs on the
+  nodes concerned, the victim of a hostile act) keeps its attempt, its restarts and its pods, and
+  does not end;
+- on a busy cluster: a gang that must run in one rack never has bound workers of its current
+  attempt in two; a Running job is never short of a worker for longer than ``SPARE_GRACE`` (of a
+  leader at work) while a spare of its attempt is ready; a silent tenant's job is never restarted
+  (never judged, its endpoints never answer) nor ended. How long each job placed in one rack took
+  from creation to Running is reported, not judged;
 - no pod whose container may run (not terminal, on a node that exists: nodes are never deleted
   here) is deleted with ``gracePeriodSeconds: 0``; every pod that ran on a node NotReady for
   longer than the node-lost grace was replaced by the time the node recovers;
@@ -59,6 +72,7 @@ import pathlib
 import random
 import re
 import ssl
+import statistics
 import sys
 import threading
 import time
@@ -78,6 +92,7 @@ from phalanx.reconcile import naming
 from tests.chaos import hostile
 from tests.chaos.audit import Sent, single_writer
 from tests.chaos.replicas import Replica
+from tests.cluster.busy import RACK, tenant_pod
 from tests.cluster.crds import cluster_crds
 from tests.cluster.faultproxy import FaultProxy, Request
 from tests.cluster.kube import Kubectl
@@ -89,10 +104,13 @@ from tests.unit.jobs import manifest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NAMESPACE = "chaos"
-TENANT_NAMESPACE = "chaos-tenant"  # where the impostor pod lives
+TENANT_NAMESPACE = "chaos-tenant"  # where the impostor pod lives, and the pods that hold GPUs on a busy cluster
+SILENT_NAMESPACE = "chaos-silent"  # the silent tenants' jobs (a busy cluster)
 RELEASE = "chaos"  # the chart's release: its Role allows the Lease "<release>-phalanx"
 POOL_LABEL = "phalanx.dev/test-pool"
 POOL = "chaos"
+SILENT_POOL = "chaos-silent"  # the silent tenants' nodes: no GPUs, no faults
+GPUS_PER_NODE = 8
 ORPHAN_GRACE = 60.0
 STEP_TIMEOUT = 90.0
 TTL_SECONDS = 45  # longer than any pause of the driver, which must see each job end
@@ -114,6 +132,9 @@ HOSTILE_KINDS = ("bomb", "big-page", "foreign-completion", "impostor")
 METRICS_PORT = 9400  # the workers' and the store's (phalanx.reconcile.environment.WORKER_METRICS_PORT)
 RSS_LIMIT_MIB = 512  # the chart's memory limit (charts/phalanx/values.yaml resources.limits.memory)
 FAULT_PATIENCE = 30.0  # a fault that needs a moment (a leader, a stable job) waits this long for one
+CORDON_SECONDS = (3.0, 8.0)  # a node cordoned, then uncordoned
+SPARE_GRACE = 10.0  # seconds of a leader at work a job may stay short of a worker while a spare is ready
+SILENT_DEADLINE = 30  # the silent tenants' progressDeadlineSeconds (the least allowed)
 TRAINER: dict[str, Any] = {
     "name": "trainer",
     "image": "example/train:1",
@@ -146,6 +167,18 @@ class ChaosConfig:
     nodes: int = 8
     seed: int = 1
     time_limit: float = 1500.0
+    # A busy cluster (``racks`` not empty): the nodes are racks of these sizes (``nodes`` unused),
+    # other tenants' pods hold ``held_share`` of their GPUs (the first racks nearly full), the jobs
+    # that recreate their gang need it in one rack, nodes are cordoned for seconds, and ``silent_tenants``
+    # jobs of other tenants, on nodes of their own, serve metrics endpoints that never answer.
+    racks: tuple[int, ...] = ()
+    held_share: float = 0.0
+    cordons: int = 0
+    silent_tenants: int = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.racks)
 
 
 @dataclass
@@ -160,6 +193,8 @@ class Story:
     in_place: bool = False
     spares: int = 0
     """Warm spares (in-place jobs only: they need the supervisor)."""
+    required: bool = False
+    """Its gang must run in one rack (``spec.placement.topology`` required, placed by the operator)."""
 
     @property
     def max_restarts(self) -> int:
@@ -209,6 +244,8 @@ class Job:
     ended: str | None = None
     settled: bool = False  # last round: stable, every count in, ready for its next step
     hold: Hold | None = None
+    created: float = 0.0
+    ran: bool = False  # seen Running once
 
 
 @dataclass
@@ -263,6 +300,15 @@ class Report:
     pods_kept_in_place: int = 0
     spares_promoted: set[str] = field(default_factory=set)
     """UIDs of spare pods seen promoted into a worker slot."""
+    gpus: int = 0  # a busy cluster's: its racks' GPUs, those other tenants' pods hold
+    gpus_held_by_tenants: int = 0
+    cordons: int = 0
+    silent_tenants: int = 0
+    silent_connections: int = 0  # scrapes of the silent tenants' endpoints, never answered
+    required_jobs: int = 0
+    required_running_seconds: list[float] = field(default_factory=list)
+    """From creation to Running, for each job whose gang must run in one rack."""
+    spares_ready_while_short: int = 0  # (job, attempt) seen short of a worker with a ready spare
     violations: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -305,7 +351,25 @@ class Report:
             "pods_created_while_their_job_avoided_nodes": len(self.pods_placed_while_avoiding),
             "peak_rss_mib": round(self.peak_rss_mib, 1),
             "rss_limit_mib": RSS_LIMIT_MIB,
+            **(self._busy() if self.gpus else {}),
             "violations": self.violations,
+        }
+
+    def _busy(self) -> dict[str, Any]:
+        ran = sorted(self.required_running_seconds)
+        return {
+            "gpus": self.gpus,
+            "gpus_held_by_other_tenants": self.gpus_held_by_tenants,
+            "held_share": round(self.gpus_held_by_tenants / self.gpus, 3),
+            "node_cordons": self.cordons,
+            "silent_tenant_jobs": self.silent_tenants,
+            "silent_connections_never_answered": self.silent_connections,
+            "jobs_placed_in_one_rack": self.required_jobs,
+            "their_seconds_to_running": {
+                "median": round(statistics.median(ran), 1) if ran else None,
+                "max": round(ran[-1], 1) if ran else None,
+            },
+            "jobs_short_of_a_worker_with_a_spare_ready": self.spares_ready_while_short,
         }
 
 
@@ -354,7 +418,19 @@ def stories(config: ChaosConfig, rng: random.Random) -> Iterator[Story]:
         end = "exhaust" if index % 5 == 4 else "succeed"
         in_place = index % 2 == 1
         spares = 1 if index % 4 == 3 else 0
-        yield Story(steps, end, minimum, maximum, rng.randint(minimum, maximum), in_place=in_place, spares=spares)
+        # Not with the supervisor: a gang placed by topology that restarts in place gets rank
+        # addresses, an EndpointSlice of its pods' IPs, and the API server refuses loopback ones.
+        required = config.busy and not in_place
+        yield Story(
+            steps,
+            end,
+            minimum,
+            maximum,
+            rng.randint(minimum, maximum),
+            in_place=in_place,
+            spares=spares,
+            required=required,
+        )
 
 
 class ChaosRun:
@@ -394,6 +470,14 @@ class ChaosRun:
         self.pods_seen: dict[str, dict[str, Any]] = {}  # pod name -> the pod as last seen
         self.nodes: list[str] = []
         self.waiting_since: float | None = None  # the head of the plan waits for its moment since
+        self.rack_of: dict[str, str] = {}  # a busy cluster's nodes -> their rack
+        self.cordoned: dict[str, float] = {}  # nodes cordoned, and when each is uncordoned
+        self.silent = hostile.SilentEndpoints()
+        self.silenced: dict[str, str] = {}  # silent tenants' pod uid -> its address, served silent
+        self.silent_checked = 0.0
+        self.short: dict[tuple[str, str], float] = {}  # (job uid, attempt) -> leader seconds short with a spare ready
+        self.short_checked: float | None = None
+        self.reported: set[tuple[str, str, str]] = set()  # (check, job, attempt) of a violation reported once
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -438,6 +522,8 @@ class ChaosRun:
         finally:
             for act in list(self.acts):
                 self._end_act(act)
+            self.report.silent_connections = self.silent.accepted
+            self.silent.close()
             cluster.stop()
         self.report.seconds = time.monotonic() - self.started
         self.report.pods_seen = len(self.pod_uids)
@@ -469,11 +555,54 @@ class ChaosRun:
         for namespace in (NAMESPACE, TENANT_NAMESPACE):
             kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         kubectl.wait_for(lambda: kubectl.get("serviceaccount", "default", NAMESPACE), timeout=30)
-        self.nodes = cluster.add_gpu_nodes(
-            self.config.nodes, labels={POOL_LABEL: POOL}, name_prefix="chaos-gpu-", pod_cidr=hostile.POD_CIDR
-        )
+        if self.config.busy:
+            self._busy_racks(kubectl, cluster)
+        else:
+            self.nodes = cluster.add_gpu_nodes(
+                self.config.nodes, labels={POOL_LABEL: POOL}, name_prefix="chaos-gpu-", pod_cidr=hostile.POD_CIDR
+            )
+        if self.config.silent_tenants:
+            kubectl.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SILENT_NAMESPACE}})
+            # nodes of their own, which no fault touches: KWOK hands a gone pod's address to the
+            # next, and a silent endpoint must never stand in for a chaos job's worker
+            cluster.add_gpu_nodes(
+                2, gpus_per_node=0, labels={POOL_LABEL: SILENT_POOL}, name_prefix="chaos-silent-",
+                pod_cidr=hostile.POD_CIDR,
+            )  # fmt: skip
         if self.config.hostile_acts:
             hostile.gzip_bomb()  # built once (seconds of CPU), before the clock of any fault runs
+
+    def _busy_racks(self, kubectl: Kubectl, cluster: LocalCluster) -> None:
+        """The racks' nodes, and other tenants' pods (bound by name) holding ``held_share`` of their
+        GPUs: the racks fill in turn, each node full but a rack's first, which keeps one GPU free,
+        so the first racks are nearly full and the last ones empty."""
+        left = round(self.config.held_share * GPUS_PER_NODE * sum(self.config.racks))
+        pods = []
+        for letter, count in zip("abcdefghijklmnop", self.config.racks, strict=False):
+            rack = f"rack-{letter}"
+            nodes = cluster.add_gpu_nodes(
+                count, GPUS_PER_NODE, labels={POOL_LABEL: POOL, RACK: rack}, name_prefix=f"chaos-gpu-{letter}",
+                pod_cidr=hostile.POD_CIDR,
+            )  # fmt: skip
+            for i, node in enumerate(nodes):
+                self.rack_of[node] = rack
+                held = min(left, GPUS_PER_NODE - 1 if i == 0 else GPUS_PER_NODE)
+                left -= held
+                self.report.gpus += GPUS_PER_NODE
+                self.report.gpus_held_by_tenants += held
+                if held:
+                    pods.append(tenant_pod(node, held, "nvidia.com/gpu"))
+            self.nodes += nodes
+        kubectl.create(pods, namespace=TENANT_NAMESPACE)
+        kubectl.wait_for(
+            lambda: all(p.get("status", {}).get("phase") == "Running" for p in kubectl.list("pods", TENANT_NAMESPACE)),
+            timeout=60,
+            what="the other tenants' pods running",
+        )
+        self.say(
+            f"busy: {self.report.gpus_held_by_tenants} of {self.report.gpus} GPUs held by other tenants, "
+            f"racks of {', '.join(map(str, self.config.racks))} nodes"
+        )
 
     def _grant_cluster_scope(self, kubectl: Kubectl, identity: pathlib.Path) -> None:
         """The chart's cluster-wide install (its default): the operator watches every namespace,
@@ -591,6 +720,7 @@ class ChaosRun:
             (self.rng.uniform(0.1, 0.8), f"hostile:{HOSTILE_KINDS[i % len(HOSTILE_KINDS)]}")
             for i in range(config.hostile_acts)
         ]
+        plan += [(self.rng.uniform(0.05, 0.85), "cordon") for _ in range(config.cordons)]
         return sorted(plan)
 
     def _inject(self, fault: str) -> bool:
@@ -621,6 +751,8 @@ class ChaosRun:
             return self._flap()
         elif fault == "brownout":
             return self._brownout()
+        elif fault == "cordon":
+            return self._cordon()
         elif fault.startswith("hostile:"):
             return self._hostile(fault.removeprefix("hostile:"))
         return True
@@ -836,6 +968,31 @@ class ChaosRun:
         )
         self.say(f"node {node} NotReady for {seconds:.1f}s, a flap; holding {held}")
         return True
+
+    def _cordon(self) -> bool:
+        """Cordon the node where most stable jobs run, for seconds: nothing may happen to them."""
+        nodes = [node for node in self._busiest(self._healthy_nodes()) if node not in self.cordoned]
+        if not nodes:
+            return not self._patient()
+        if not self._hold_jobs_on(set(nodes[:1]), "", dry_run=True) and self._patient():
+            return False
+        node = nodes[0]
+        seconds = self.rng.uniform(*CORDON_SECONDS)
+        self._set_unschedulable(node, True)
+        self.cordoned[node] = time.monotonic() + seconds
+        self.report.cordons += 1
+        held = self._hold_jobs_on({node}, f"node {node} cordoned for {seconds:.1f}s", seconds)
+        self.say(f"node {node} cordoned for {seconds:.1f}s; holding {held}")
+        return True
+
+    def _set_unschedulable(self, node: str, unschedulable: bool) -> None:
+        assert self.api is not None
+        self.api.call(
+            "PATCH",
+            f"/api/v1/nodes/{node}",
+            {"spec": {"unschedulable": unschedulable}},
+            content_type="application/merge-patch+json",
+        )
 
     def _brownout(self) -> bool:
         """Half the nodes stop heartbeating and turn Unknown at once, for seconds (the node
@@ -1126,6 +1283,7 @@ class ChaosRun:
     def _drive(self) -> None:
         assert self.api is not None and self.cluster is not None
         plan = self._fault_plan()
+        self._create_silent_tenants()
         while self.pending or any(not job.done for job in self.jobs):
             if time.monotonic() - self.started > self.config.time_limit:
                 self.violate(f"the run did not finish within {self.config.time_limit:.0f}s")
@@ -1146,6 +1304,7 @@ class ChaosRun:
             jobs, pods = self._observe()
             self._check_holds(jobs, pods)
             self._end_acts(pods)
+            self._check_silent_tenants()
             for job in self.jobs:
                 if not job.done:
                     self._advance(job, jobs.get(job.name), pods)
@@ -1167,6 +1326,11 @@ class ChaosRun:
                 self._heal(node)
         if self.browned is not None and now > self.browned[1]:
             self._end_brownout()
+        for node, uncordon_at in list(self.cordoned.items()):
+            if now > uncordon_at:
+                self._set_unschedulable(node, False)
+                del self.cordoned[node]
+                self.say(f"node {node} uncordoned")
         for name, (thaw_at, process) in list(self.frozen.items()):
             # resumed once another took the Lease (the point of the freeze), or after waiting long for it
             taken = self.holder is None or self.holder[0] != process
@@ -1230,8 +1394,149 @@ class ChaosRun:
         for name in set(self.pods_seen) - {p["metadata"]["name"] for p in pods}:
             del self.pods_seen[name]
         self._check_pods(jobs, pods)
+        if self.config.busy:
+            self._check_racks(jobs, pods)
+            self._check_spares(jobs, pods)
         self._sync_readiness(pods)
         return jobs, pods
+
+    # -- a busy cluster ----------------------------------------------------------------------------
+
+    def _live(self, pod: dict[str, Any], attempt: str) -> bool:
+        """Of the current attempt, not deleted, not ended."""
+        return (
+            pod["metadata"]["labels"].get(naming.ATTEMPT_LABEL) == attempt
+            and not pod["metadata"].get("deletionTimestamp")
+            and pod["status"].get("phase") not in ("Succeeded", "Failed")
+        )
+
+    def _check_racks(self, jobs: dict[str, dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        """A gang that must run in one rack never has bound workers of its current attempt in two."""
+        for body in jobs.values():
+            topology = ((body.get("spec") or {}).get("placement") or {}).get("topology") or {}
+            if topology.get("mode") != "required":
+                continue
+            uid = body["metadata"]["uid"]
+            attempt = str((body.get("status") or {}).get("attempt", 0))
+            bound = {
+                p["metadata"]["name"]: self.rack_of.get(p["spec"]["nodeName"], "no rack")
+                for p in pods
+                if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
+                and p["metadata"]["labels"].get(naming.ROLE_LABEL) == naming.ROLE_WORKER
+                and p["spec"].get("nodeName")
+                and self._live(p, attempt)
+            }
+            if len(set(bound.values())) > 1 and ("racks", uid, attempt) not in self.reported:
+                self.reported.add(("racks", uid, attempt))
+                self.violate(
+                    f"{body['metadata']['name']} must run in one rack and its attempt {attempt} runs in "
+                    f"{sorted(set(bound.values()))}: {bound} (status.placement {body['status'].get('placement')})"
+                )
+
+    def _check_spares(self, jobs: dict[str, dict[str, Any]], pods: list[dict[str, Any]]) -> None:
+        """A Running job is never short of a worker for longer than ``SPARE_GRACE`` while a spare of
+        its attempt is ready. Only time while a leader is at work counts (not killed, not frozen,
+        not slowed, the API server up): a job's wait on a takeover is no fault of the promotion."""
+        now = time.monotonic()
+        elapsed = 0.0 if self.short_checked is None else min(now - self.short_checked, 1.0)
+        self.short_checked = now
+        if self._leader() is None or self.slowed:
+            elapsed = 0.0
+        short: set[tuple[str, str]] = set()
+        for body in jobs.values():
+            status = body.get("status") or {}
+            if status.get("phase") != "Running":
+                continue
+            uid = body["metadata"]["uid"]
+            attempt = str(status.get("attempt", 0))
+            own = [
+                p
+                for p in pods
+                if self._live(p, attempt)
+                and any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
+            ]
+            ready_spares = [
+                p["metadata"]["name"]
+                for p in own
+                if p["metadata"]["labels"].get(naming.ROLE_LABEL) == naming.ROLE_SPARE
+                and p["status"].get("phase") == "Running"
+                and {c["type"]: c["status"] for c in p["status"].get("conditions") or []}.get("Ready") == "True"
+            ]
+            running = {
+                p["metadata"]["labels"].get(naming.WORKER_INDEX_LABEL)
+                for p in own
+                if p["metadata"]["labels"].get(naming.ROLE_LABEL) == naming.ROLE_WORKER
+                and p["status"].get("phase") == "Running"
+            }
+            missing = [i for i in range(int(body["spec"]["workers"]["desired"])) if str(i) not in running]
+            if not ready_spares or not missing:
+                continue
+            key = (uid, attempt)
+            short.add(key)
+            if key not in self.short:
+                self.report.spares_ready_while_short += 1
+            self.short[key] = self.short.get(key, 0.0) + elapsed
+            if self.short[key] > SPARE_GRACE and ("short", *key) not in self.reported:
+                self.reported.add(("short", *key))
+                self.violate(
+                    f"{body['metadata']['name']} (attempt {attempt}) short of workers {missing} for "
+                    f"{self.short[key]:.0f}s of a leader at work while its spares {ready_spares} were ready"
+                )
+        for key in set(self.short) - short:
+            del self.short[key]
+
+    def _create_silent_tenants(self) -> None:
+        """Other tenants' jobs of one worker with hang detection whose endpoints never answer: they
+        load the scraper, and, never judged, must never be restarted."""
+        assert self.api is not None
+        quiet = {**TRAINER, "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}
+        for index in range(self.config.silent_tenants):
+            body = manifest(
+                workers={"min": 1, "max": 1, "desired": 1},
+                failurePolicy={"progressDeadlineSeconds": SILENT_DEADLINE},
+                template={"spec": {"containers": [quiet], "nodeSelector": {POOL_LABEL: SILENT_POOL}}},
+            )
+            body["metadata"] = {"name": f"silent-{index:03d}", "namespace": SILENT_NAMESPACE}
+            self.api.call("POST", f"/apis/phalanx.dev/v1alpha1/namespaces/{SILENT_NAMESPACE}/trainingjobs", body)
+            self.report.silent_tenants += 1
+        if self.config.silent_tenants:
+            self.say(f"{self.config.silent_tenants} silent tenants' jobs created in {SILENT_NAMESPACE}")
+
+    def _check_silent_tenants(self) -> None:
+        """Serve silence at each silent tenant's pod's address (every other second), and check that
+        none of their jobs was restarted or ended."""
+        self.silent.pump()
+        if not self.config.silent_tenants or time.monotonic() - self.silent_checked < 2.0:
+            return
+        assert self.api is not None
+        self.silent_checked = time.monotonic()
+        pods = self.api.items(f"/api/v1/namespaces/{SILENT_NAMESPACE}/pods")
+        live = {
+            p["metadata"]["uid"]: p["status"]["podIP"]
+            for p in pods
+            if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp")
+        }
+        for uid in [uid for uid in self.silenced if uid not in live]:
+            self.silent.remove(self.silenced.pop(uid), METRICS_PORT)
+        for uid, address in live.items():
+            if uid not in self.silenced:
+                try:
+                    self.silent.add(address, METRICS_PORT)
+                    self.silenced[uid] = address
+                except OSError as error:
+                    self.say(f"cannot serve silence at {address}:{METRICS_PORT}: {error}")
+        for body in self.api.items(f"/apis/phalanx.dev/v1alpha1/namespaces/{SILENT_NAMESPACE}/trainingjobs"):
+            status = body.get("status") or {}
+            name = body["metadata"]["name"]
+            changed = [f"{key} {status.get(key)}" for key in ("restarts", "attempt") if int(status.get(key, 0)) != 0]
+            if status.get("phase") in ("Failed", "Succeeded"):
+                changed.append(f"{status.get('phase')} ({status.get('reason')}: {status.get('message')})")
+            if changed and ("silent", name, "") not in self.reported:
+                self.reported.add(("silent", name, ""))
+                self.violate(
+                    f"silent tenant {name}, whose endpoints never answer, was judged: {'; '.join(changed)} "
+                    f"{status.get('restartsByReason')}"
+                )
 
     def _check_pods(self, jobs: dict[str, dict[str, Any]], pods: list[dict[str, Any]]) -> None:
         live_jobs = {j["metadata"]["uid"] for j in jobs.values()}
@@ -1300,9 +1605,12 @@ class ChaosRun:
                 }
             },
         )
+        if story.required:
+            body["spec"]["placement"] = {"topology": {"key": RACK, "mode": "required"}}
+            self.report.required_jobs += 1
         body["metadata"] = {"name": name, "namespace": NAMESPACE}
         created = self.api.call("POST", f"/apis/phalanx.dev/v1alpha1/namespaces/{NAMESPACE}/trainingjobs", body)
-        job = Job(name, story, uid=created["metadata"]["uid"])
+        job = Job(name, story, uid=created["metadata"]["uid"], created=time.monotonic())
         job.wait = Wait("running", time.monotonic(), desired=story.desired)
         self.jobs.append(job)
         self.report.jobs += 1
@@ -1310,6 +1618,7 @@ class ChaosRun:
             f"{name}: created ({story.minimum}..{story.maximum}, {story.desired}), story {story.steps} -> {story.end}"
             + (", gang restarts in place" if story.in_place else "")
             + (f", {story.spares} spare(s)" if story.spares else "")
+            + (", in one rack" if story.required else "")
         )
 
     def _workers(self, job: Job, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1359,6 +1668,10 @@ class ChaosRun:
         status = (body or {}).get("status") or {}
         if body is not None:
             job.last_phase, job.last_reason = status.get("phase"), status.get("reason")
+            if status.get("phase") == "Running" and not job.ran:
+                job.ran = True
+                if job.story.required:
+                    self.report.required_running_seconds.append(time.monotonic() - job.created)
             if int(status.get("restarts", 0)) > job.expected_restarts:
                 self.violate(
                     f"{job.name}: restarts {status.get('restarts')} > {job.expected_restarts} injected; "

@@ -9,12 +9,16 @@ when it scrapes that pod, exactly as from a real container:
     page.close()
 
 Each page is served until closed; the driver closes it when the act ends (or the pod is gone, as
-KWOK hands its address to the next pod).
+KWOK hands its address to the next pod). ``SilentEndpoints`` is the quiet tenant of a busy
+cluster: at each address it takes the connection and never answers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import selectors
+import socket
 import threading
 import zlib
 from collections.abc import Iterator
@@ -111,3 +115,58 @@ class HostilePage:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(10)
+
+
+class SilentEndpoints:
+    """Endpoints that take every connection and never answer, at any number of addresses, until
+    removed (a worker whose metrics server hangs). No thread: the kernel completes each handshake
+    and holds the request in the listener's backlog; ``pump()`` (the driver's round) takes what
+    waits there, counts it and lets go of the connections whose reader gave up."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.selector = selectors.DefaultSelector()
+        self.listeners: dict[tuple[str, int], socket.socket] = {}
+
+    def add(self, host: str, port: int) -> None:
+        listener = socket.create_server((host, port), backlog=64)
+        listener.setblocking(False)
+        self.listeners[(host, port)] = listener
+        self.selector.register(listener, selectors.EVENT_READ, None)
+
+    def remove(self, host: str, port: int) -> None:
+        listener = self.listeners.pop((host, port), None)
+        if listener is not None:
+            self.selector.unregister(listener)
+            listener.close()
+
+    def pump(self) -> None:
+        for key, _ in self.selector.select(0):
+            connection = key.fileobj
+            assert isinstance(connection, socket.socket)
+            if key.data is None:  # a listener: take what waits, keep it unanswered
+                with contextlib.suppress(BlockingIOError):
+                    while True:
+                        accepted, _ = connection.accept()
+                        accepted.setblocking(False)
+                        self.accepted += 1
+                        self.selector.register(accepted, selectors.EVENT_READ, "connection")
+                continue
+            try:
+                gone = connection.recv(65536) == b""  # the request is read and ignored
+            except BlockingIOError:
+                continue
+            except OSError:
+                gone = True
+            if gone:
+                self.selector.unregister(connection)
+                connection.close()
+
+    def close(self) -> None:
+        for host, port in list(self.listeners):
+            self.remove(host, port)
+        for key in list(self.selector.get_map().values()):
+            self.selector.unregister(key.fileobj)
+            assert isinstance(key.fileobj, socket.socket)
+            key.fileobj.close()
+        self.selector.close()
