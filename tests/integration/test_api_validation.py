@@ -88,6 +88,21 @@ def test_immutable_fields_cannot_change(
     assert f"spec.{field.split('.', maxsplit=1)[0]}" in refused.value.stderr
 
 
+def test_template_fields_the_schema_does_not_declare_are_invisible_to_its_rules(
+    kubectl: Kubectl, crds: list[str], namespace: str
+) -> None:
+    """The template's immutability covers only what CEL sees: an env edit is stored, as offline
+    admission predicts, while a command edit (IMMUTABLE above) is refused."""
+    body = manifest()
+    assert submit(kubectl, body, namespace) == ""
+    current = kubectl.get("tj", body["metadata"]["name"], namespace)
+    assert current is not None
+    changed = copy.deepcopy(current)
+    changed["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "LR", "value": "0.1"}]
+    assert admission.admit(changed, current).admitted is not None
+    kubectl.run("replace", f"--namespace={namespace}", "-f", "-", input=yaml.safe_dump(changed))
+
+
 def test_scale_subresource_moves_desired_within_bounds(kubectl: Kubectl, crds: list[str], namespace: str) -> None:
     assert submit(kubectl, manifest(), namespace) == ""
     kubectl.run("scale", "tj/demo", "--replicas=4", f"--namespace={namespace}")

@@ -67,6 +67,11 @@ def test_default_install_is_cluster_wide_with_two_restricted_replicas_electing_a
     assert env["PHALANX_LEADER_ELECTION"] == "1" and env["PHALANX_LEASE_NAME"] == "phalanx"
     assert env["PHALANX_LEADER_IDENTITY"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert "--all-namespaces" in container["args"] and "--standalone" in container["args"]
+    # warm spares rank below workers, in the class the chart installs (issue 31 point 4)
+    (spare_class,) = by_kind(objects, "PriorityClass")
+    assert spare_class["metadata"]["name"] == env["PHALANX_SPARE_PRIORITY_CLASS"] == "phalanx-spare"
+    assert spare_class["value"] < 0 and spare_class["preemptionPolicy"] == "Never"
+    assert not spare_class["globalDefault"]
     assert container["resources"]["requests"]
     assert [role["metadata"]["name"] for role in by_kind(objects, "ClusterRole")] == [
         "phalanx",
@@ -131,6 +136,9 @@ def test_namespaced_mode_uses_roles_in_the_listed_namespaces_only() -> None:
         "phalanx-edit",
         "phalanx-view",
     ]
+    # every namespace's pods, read-only, even here: the room their requests leave a node (docs/placement.md)
+    nodes_role = by_kind(objects, "ClusterRole")[0]
+    assert {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]} in nodes_role["rules"]
     args = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
     assert not by_kind(objects, "CustomResourceDefinition")

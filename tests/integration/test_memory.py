@@ -26,7 +26,7 @@ import pytest
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
 from phalanx.cluster import informer
-from phalanx.cluster.cache import ChildCache, JobCache
+from phalanx.cluster.cache import ChildCache, JobCache, NodeRequests
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.login import Credentials
 from phalanx.cluster.progress import ProgressPoller
@@ -50,6 +50,7 @@ TRACE_FROM = 250  # tracemalloc runs from here (it slows every allocation)
 WEIGH_FROM = 600
 LEAK_BUDGET_BYTES_PER_JOB = 500  # a leaked pod record or job body would be several times this
 POD_RECORD_BUDGET_BYTES = 1100  # what the child cache holds per pod, indexes included
+BOUND_POD_BUDGET_BYTES = 400  # what the cluster-wide view of bound pods' requests holds per pod (220 measured)
 JOB_BODY_BUDGET_BYTES = 8 * 1024  # the job cache's slimmed body, per job
 BACKGROUND = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
 
@@ -259,7 +260,8 @@ async def test_what_is_kept_per_pod_and_per_job_stays_within_its_budget(
     operator_in_process: Runtime, credentials: Credentials, namespace: str, memory_nodes: list[str]
 ) -> None:
     """The real bodies of Running workers and of their jobs (managed fields, statuses and all),
-    folded into fresh caches: bytes kept per pod and per job, weighed by tracemalloc."""
+    folded into fresh caches: bytes kept per pod and per job, and per pod in the cluster-wide view of
+    what bound pods request (``NodeRequests``), weighed by tracemalloc."""
     runtime = operator_in_process
     path = f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.PLURAL}"
     names = [f"{PREFIX}size-{i}" for i in range(20)]
@@ -276,6 +278,7 @@ async def test_what_is_kept_per_pod_and_per_job_stays_within_its_budget(
     job_texts = [json.dumps(job) for job in jobs]
     children = ChildCache()
     job_cache = JobCache()
+    requests = NodeRequests()
     tracemalloc.start()
     try:
         before = traced_bytes()
@@ -285,14 +288,22 @@ async def test_what_is_kept_per_pod_and_per_job_stays_within_its_budget(
         for text in job_texts:
             job_cache.observe("ADDED", json.loads(text))
         after_jobs = traced_bytes()
+        for text in pod_texts:
+            requests.observe("ADDED", json.loads(text))
+        after_requests = traced_bytes()
     finally:
         tracemalloc.stop()
     per_pod = (after_pods - before) / len(pods)
     per_job = (after_jobs - after_pods) / len(jobs)
+    per_bound_pod = (after_requests - after_jobs) / len(pods)
     pod_bytes = sum(len(text) for text in pod_texts) / len(pods)
     print(f"kept per pod {per_pod:.0f} bytes (its body as JSON: {pod_bytes:.0f}); per job {per_job:.0f} bytes")
     assert per_pod < POD_RECORD_BUDGET_BYTES, f"{per_pod:.0f} bytes kept per pod; budget {POD_RECORD_BUDGET_BYTES}"
     assert per_job < JOB_BODY_BUDGET_BYTES, f"{per_job:.0f} bytes kept per job; budget {JOB_BODY_BUDGET_BYTES}"
+    print(f"kept per bound pod in the view of what pods request: {per_bound_pod:.0f} bytes")
+    assert per_bound_pod < BOUND_POD_BUDGET_BYTES, (
+        f"{per_bound_pod:.0f} bytes kept per bound pod; budget {BOUND_POD_BUDGET_BYTES}"
+    )
 
 
 def all_running(runtime: Runtime, namespace: str, names: list[str]) -> bool:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJob
-from phalanx.cluster.cache import with_devices
+from phalanx.cluster.cache import NodeCache, with_devices
 from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.observed import (
     Completion,
@@ -29,10 +30,20 @@ from phalanx.reconcile.observed import (
     object_record,
     pod_record,
 )
-from phalanx.reconcile.plan import Plan, plan
+from phalanx.reconcile.plan import Plan, plan, status_changed
 from phalanx.reconcile.status import format_time
 
 START = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a pass plans from: the job as read (at ``version``, its resourceVersion) and the
+    children as observed. A view kept for later is a second replica's, or a cache that lags."""
+
+    body: dict[str, Any]
+    version: int
+    observed: Observed
 
 
 def merge_patch(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -69,14 +80,20 @@ class World:
         self.node_capacity = ""  # the fingerprint of what the nodes offer (NodeCache.capacity)
         # each schedulable node's allocatable: by name, or a tuple (named node-0, node-1, ...)
         self.node_allocatable: tuple[dict[str, str], ...] | dict[str, dict[str, str]] = ()
-        self.node_labels: dict[str, dict[str, str]] = {}  # schedulable node -> its labels
+        self.node_labels: dict[str, dict[str, str]] = {}  # node -> its labels
+        # what other tenants' pods request on each node (the job's own pods are added from ``pods``)
+        self.other_requests: dict[str, dict[str, str]] = {}
+        # when set, the nodes' allocatable and labels come from it (fed with node bodies), not from above
+        self.node_cache: NodeCache | None = None
         # each node's DRA devices per class (DeviceCache.per_node), beside its allocatable
         self.device_offers: Mapping[str, Mapping[str, Decimal]] = {}
         self.workload: QueuedWorkload | None = None  # what Kueue says about the current pod group
+        self.spare_priority_class: str | None = None  # the operator's PHALANX_SPARE_PRIORITY_CLASS
         self._uids = itertools.count(1)
         self.now = now
         self.plans: list[Plan] = []
         self.job_deleted = False
+        self.version = 1  # the job's resourceVersion: each status write moves it on
 
     # -- the operator's side ---------------------------------------------------------------------
 
@@ -92,6 +109,22 @@ class World:
     def observed(self) -> Observed:
         pods = tuple(sorted((pod_record(pod) for pod in self.pods.values()), key=lambda p: p.name))
         objects = {key: object_record(obj) for key, obj in self.objects.items()}
+        own: dict[str, dict[str, Decimal]] = {}
+        for pod in self.pods.values():
+            node = pod["spec"].get("nodeName")
+            if node and pod["status"].get("phase") not in ("Succeeded", "Failed"):
+                for name, value in capacity.pod_requests(pod["spec"]).items():
+                    own.setdefault(node, {})[name] = own.get(node, {}).get(name, Decimal(0)) + value
+        requested = {node: dict(held) for node, held in own.items()}
+        for node, held in self.other_requests.items():
+            for name, value in capacity.parse_allocatable(held).items():
+                requested.setdefault(node, {})[name] = requested.get(node, {}).get(name, Decimal(0)) + value
+        allocatable: Mapping[str, Mapping[str, Decimal]] = {
+            name: capacity.parse_allocatable(node) for name, node in self.named_allocatable().items()
+        }
+        labels: Mapping[str, Mapping[str, str]] = self.node_labels
+        if self.node_cache is not None:
+            allocatable, labels = self.node_cache.allocatable(), self.node_cache.labels()
         return Observed(
             pods=pods,
             objects=objects,
@@ -102,11 +135,10 @@ class World:
             refusals=dict(self.refusals),
             missing_apis=dict(self.missing_apis),
             node_capacity=self.node_capacity,
-            node_allocatable=with_devices(
-                {name: capacity.parse_allocatable(node) for name, node in self.named_allocatable().items()},
-                self.device_offers,
-            ),
-            node_labels=self.node_labels,
+            node_allocatable=with_devices(allocatable, self.device_offers),
+            node_labels=labels,
+            node_requested=requested,
+            own_requested=own,
             workload=self.workload,
             node_loss=NodeLoss(
                 unready_since={node: self.unready_since.get(node, self.now) for node in self.unready_nodes},
@@ -115,6 +147,7 @@ class World:
                 force_delete=self.node_loss.force_delete,
             ),
             retry_batch=self.retry_batch,
+            spare_priority_class=self.spare_priority_class,
         )
 
     def named_allocatable(self) -> dict[str, dict[str, str]]:
@@ -125,6 +158,14 @@ class World:
     def plan(self) -> Plan:
         return plan(self.job, self.observed(), self.now)
 
+    def view(self, observed: Observed | None = None) -> View:
+        """The job as it is now, with ``observed`` (children as a lagging cache saw them) or now's."""
+        return View(copy.deepcopy(self.body), self.version, observed if observed is not None else self.observed())
+
+    def plan_from(self, view: View) -> Plan:
+        """A pass planned from ``view``, at this moment."""
+        return plan(TrainingJob.from_body(view.body), view.observed, self.now)
+
     def reconcile(self) -> Plan:
         """Plan once and carry the plan out, as the operator would."""
         result = self.plan()
@@ -132,13 +173,20 @@ class World:
         self.plans.append(result)
         return result
 
-    def carry_out(self, result: Plan, *, stop_after_status: bool = False) -> None:
+    def carry_out(self, result: Plan, *, stop_after_status: bool = False, view: View | None = None) -> bool:
         """What the operator's execution does; ``stop_after_status`` is a SIGKILL right after the
-        status write (nothing else of the plan happens)."""
-        if result.status:
+        status write (nothing else of the plan happens). ``view``: what the plan was made from
+        (now's when None); its status write, sent when status changed or the plan promotes a spare,
+        carries the view's resourceVersion, and a job written since refuses it (409): then nothing
+        of the plan happens, and False is returned."""
+        read = (view.body.get("status") or {}) if view is not None else self.status
+        if result.status and (result.promotes or status_changed(read, result.status)):
+            if view is not None and view.version != self.version:
+                return False
             self.body["status"] = merge_patch(self.status, result.status)
+            self.version += 1
         if stop_after_status:
-            return
+            return True
         for applied in result.apply:
             obj = copy.deepcopy(applied)
             if obj["kind"] == "Pod" and obj["metadata"]["name"] in self.pods:
@@ -185,6 +233,7 @@ class World:
                 pod["metadata"]["deletionTimestamp"] = format_time(self.now)
         if result.delete_job:
             self.job_deleted = True
+        return True
 
     def settle(self, rounds: int = 10) -> Plan:
         """Reconcile until the plan changes nothing, letting terminating pods finish in between."""

@@ -99,3 +99,15 @@ def test_transition_rules_apply_to_updates_only() -> None:
         'spec.launcher: Invalid value: "string": is immutable: changing launcher mid-run would split the gang; '
         "delete and recreate the TrainingJob instead"
     ]
+
+
+def test_rules_see_only_the_fields_the_schema_declares_as_the_api_server_does() -> None:
+    """Fields kept by x-kubernetes-preserve-unknown-fields are invisible to CEL: the template's
+    ``self == oldSelf`` compares the declared fields (the containers' names, images, commands and
+    arguments, the labels and annotations), so an edit elsewhere is stored."""
+    old = manifest()
+    edited = copy.deepcopy(old)
+    edited["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "LR", "value": "0.1"}]
+    assert admission.admit(edited, old).admitted is not None
+    edited["spec"]["template"]["spec"]["containers"][0]["command"] = ["python", "-u", "train.py"]
+    assert "spec.template: Invalid value" in admission.admit(edited, old).message

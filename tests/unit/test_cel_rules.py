@@ -208,6 +208,9 @@ IMMUTABLE = [
     ("workers.min", lambda s: s["workers"].update(min=1)),
     ("workers.max", lambda s: s["workers"].update(max=3)),
     ("template", lambda s: s["template"]["spec"]["containers"][0].update(image="other:2")),
+    # spares need a supervised command: an edit mid-run would leave the job unplannable
+    ("template", lambda s: s["template"]["spec"]["containers"][0].update(command=["python", "-u", "train.py"])),
+    ("template", lambda s: s["template"]["spec"]["containers"][0].update(args=["other.py"])),
     ("gpus", lambda s: s.update(gpus={"count": 0, "resource": "amd.com/gpu"})),
     ("backend", lambda s: s.update(backend="gloo")),
     ("network", lambda s: s.update(network={"socketInterface": "net1"})),

@@ -4,9 +4,12 @@ stopped stepping, counted, and judges nothing it cannot see."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from urllib.parse import urlsplit
 
+from aiohttp import web
 from prometheus_client import REGISTRY, generate_latest
 
 from phalanx.cluster.cache import ChildCache, JobCache
@@ -15,8 +18,10 @@ from phalanx.reconcile.observed import WorkerProgress
 from phalanx.worker.metrics import WorkerMetrics
 from tests.cluster.ports import free_port
 from tests.unit.jobs import job
+from tests.unit.local_server import serving
 from tests.unit.simulation import World
 from tests.unit.test_progress import running_job_and_worker
+from tests.unit.test_progress_hostile import worker_pod
 from tests.unit.text_page import TextPage
 
 DEADLINE = 300
@@ -280,3 +285,130 @@ def test_the_poller_keeps_a_silent_reporters_last_answer_with_its_time_and_count
     assert fresh is not None and fresh.scraped_at == now[0] and fresh.unanswered == 0
     assert fresh.stepped_since == first.stepped_since  # the same reporter and count: its clock runs on
     assert woken == [key, key]  # the answer that ends a silence wakes the job to be judged
+
+
+# -- a verdict needs a sample taken after the deadline ----------------------------------------
+
+
+def test_a_sample_taken_before_the_deadline_is_no_verdict() -> None:
+    """The newest sample shows the count as of its scrape: one taken before ``stepped_since +
+    deadline`` cannot tell whether the worker stepped since (a slow scrape round, a busy poller),
+    however fresh it still is. The job waits for a newer one."""
+    world = hang_job(deadline=30)
+    reporting(world, 40, world.now)  # fresh for 45 s: longer than the deadline
+    world.advance(29)
+    answered(world)  # the last scrape before the deadline, count unchanged
+    world.advance(30)  # past the deadline by far, and that sample is still fresh
+    waiting = world.reconcile()
+    assert world.status["phase"] == "Running" and world.status["restarts"] == 0, world.status
+    assert not waiting.delete and waiting.requeue_after is not None and 0 < waiting.requeue_after <= 45
+    assert conditions(world)["Stalled"][0] == "False"  # nothing stale: the next scrape is simply awaited
+    answered(world)  # a scrape taken past the deadline, the count still 40: now it is a hang
+    world.reconcile()
+    assert world.status["reason"] == "NoProgress" and world.status["restarts"] == 1
+
+
+def test_the_first_scrape_after_the_deadline_wakes_the_job_to_be_judged() -> None:
+    page = TextPage("phalanx_worker_steps_total 40\n")
+    jobs, children = JobCache(), ChildCache()
+    running_job_and_worker(jobs, children, ip="127.0.0.1", port=page.port)
+    key = ("ml", "demo")
+    body = jobs.get(key)
+    assert body is not None
+    jobs.update({**body, "spec": {"failurePolicy": {"progressDeadlineSeconds": 30}}})
+    now = [datetime(2026, 12, 1, 8, 0, tzinfo=UTC)]
+    woken: list[tuple[str, str]] = []
+    poller = ProgressPoller(jobs, children, woken.append, interval=10, timeout=0.5, clock=lambda: now[0])
+
+    async def poll() -> None:
+        async with poller:
+            await poller.poll_once()
+
+    with page:
+        for _ in range(6):  # at 0, 10, 20, 30, 40, 50 s: the count stays at 40
+            asyncio.run(poll())
+            now[0] += timedelta(seconds=10)
+    assert woken == [key, key]  # its first sample, and the one scraped at 30 s, the first a verdict can rest on
+
+
+# -- a busy cluster: endpoints of other jobs that never answer ---------------------------------
+
+SCALE = 20
+"""Seconds of the planner's clock per second of this test: its 30 s deadline (the least the schema
+allows) is 1.5 s here, a poll interval of 0.5 s is 10 s."""
+
+
+def test_thirty_jobs_whose_endpoints_never_answer_do_not_restart_a_job_that_steps() -> None:
+    interval = timeout = 0.5
+    world = hang_job(deadline=30)
+    attempt, began = world.status["attempt"], world.now
+    reporter = world.workers(attempt=attempt)[0]["metadata"]["uid"]
+    port = free_port()
+    stepping = WorkerMetrics()
+    stepping.serve(port)
+    jobs, children = JobCache(), ChildCache()
+    running_job_and_worker(jobs, children, ip="127.0.0.1", port=port)
+    key = ("ml", "demo")
+    asked: list[str] = []
+
+    async def never(request: web.Request) -> web.StreamResponse:
+        asked.append(request.path)
+        await asyncio.Event().wait()  # accepts, and never answers
+        raise AssertionError("unreachable")
+
+    async def scenario() -> list[datetime]:
+        app = web.Application()
+        app.router.add_get("/metrics", never)
+        async with serving(app) as base:
+            silent = urlsplit(base).port
+            assert silent is not None
+            for index in range(30):
+                namespace = "tenant" if index < 20 else "ml"  # another namespace's, and its own namespace's
+                name, uid = f"silent-{index}", f"uid-silent-{index}"
+                jobs.update(
+                    {"metadata": {"namespace": namespace, "name": name, "uid": uid, "resourceVersion": "1"},
+                     "status": {"phase": "Running", "attempt": 1}}
+                )  # fmt: skip
+                children.observe("ADDED", worker_pod(name, uid, silent, namespace=namespace))
+            poller = ProgressPoller(jobs, children, lambda key: None, interval=interval, timeout=timeout)
+            started = datetime.now(UTC)
+
+            def planners(at: datetime | None) -> datetime | None:
+                """A time of this test on the planner's clock."""
+                return began + (at - started) * SCALE if at is not None else None
+
+            scraped: list[datetime] = [started]
+            task = asyncio.create_task(poller.run())
+            try:
+                while datetime.now(UTC) - started < timedelta(seconds=4):
+                    stepping.step_done(0)  # the job trains on
+                    await asyncio.sleep(0.05)
+                    sample = poller.get(key)
+                    if sample is None or sample.scraped_at is None:
+                        continue
+                    if sample.scraped_at != scraped[-1]:
+                        scraped.append(sample.scraped_at)
+                    world.now = planners(datetime.now(UTC)) or world.now
+                    world.progress = replace(
+                        sample,
+                        attempt=attempt,
+                        reporter=reporter,
+                        stepped_since=planners(sample.stepped_since),
+                        scraped_at=planners(sample.scraped_at),
+                        fresh_until=planners(sample.fresh_until),
+                    )
+                    world.reconcile()
+                    assert world.status["phase"] == "Running", world.status.get("message")
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            return scraped
+
+    try:
+        scraped = asyncio.run(scenario())
+    finally:
+        stepping.close()
+    assert world.status["restarts"] == 0
+    assert len(asked) >= 30  # every silent endpoint was asked, and held its scrape open
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(scraped)]
+    assert len(gaps) >= 4 and max(gaps) < 30 / SCALE, gaps  # its samples stay fresher than the deadline

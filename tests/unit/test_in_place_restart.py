@@ -11,6 +11,7 @@ import pytest
 
 from phalanx.reconcile import naming
 from phalanx.reconcile.environment import resolve_launch, runs_supervisor
+from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job
 from tests.unit.simulation import World
 
@@ -236,3 +237,88 @@ def test_workers_failing_together_re_form_once_with_an_event_each() -> None:
     reformed = world.reconcile()
     assert world.status["attempt"] == 1 and world.status["restarts"] == 1  # one failure event
     assert sorted(e.reason for e in reformed.events if e.type == "Warning") == ["WorkerFailed", "WorkerOOMKilled"]
+
+
+def test_a_surplus_pod_still_stopping_when_desired_grows_again_is_no_loss() -> None:
+    """The operator deleted it (a scale-down) and recorded so before: its slot is refilled once it
+    is gone, and the world does not re-form for it."""
+    world = training(supervised_job(workers={"min": 2, "max": 4, "desired": 4}))
+    before = uids(world)
+    world.body["spec"]["workers"]["desired"] = 3
+    down = world.reconcile()
+    assert [d.name for d in down.delete] == ["demo-worker-3"]
+    world.body["spec"]["workers"]["desired"] = 4  # back up while demo-worker-3 is still stopping
+    up = world.reconcile()
+    assert not up.move and not up.delete and world.status["attempt"] == 0
+    assert world.status["restartsByReason"] == {}
+    assert not [e for e in up.events if e.reason.startswith(("GangRestart", "Worker"))]
+    world.finish_terminating()
+    refilled = world.reconcile()
+    assert [obj["metadata"]["name"] for obj in refilled.apply if obj["kind"] == "Pod"] == ["demo-worker-3"]
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running" and world.status["attempt"] == 0
+    assert {name: uid for name, uid in uids(world).items() if name != "demo-worker-3"} == {
+        name: uid for name, uid in before.items() if name != "demo-worker-3"
+    }
+    assert "removedWorkers" not in world.status  # pruned: the pod it named is gone
+
+
+def test_a_worker_someone_else_deletes_beside_the_operators_own_re_forms_the_world() -> None:
+    world = training(supervised_job(workers={"min": 2, "max": 4, "desired": 4}))
+    world.body["spec"]["workers"]["desired"] = 3
+    world.reconcile()
+    world.body["spec"]["workers"]["desired"] = 4
+    world.pods["demo-worker-1"]["metadata"]["deletionTimestamp"] = format_time(world.now)  # kubectl delete
+    reformed = world.reconcile()
+    assert world.status["attempt"] == 1 and world.status["restartsByReason"] == {"WorkersDeleted": 1}
+    assert sorted(m.name for m in reformed.move) == ["demo-worker-0", "demo-worker-2"]
+
+
+def test_a_sigkill_between_recording_a_removal_and_the_deletion_still_tells_it_apart() -> None:
+    world = training(supervised_job(workers={"min": 2, "max": 4, "desired": 4}))
+    world.body["spec"]["workers"]["desired"] = 3
+    world.carry_out(world.plan(), stop_after_status=True)  # recorded, then the operator dies
+    assert world.status["removedWorkers"] == [uids(world)["demo-worker-3"]]
+    world.reconcile()  # a new leader deletes it
+    assert world.pods["demo-worker-3"]["metadata"].get("deletionTimestamp")
+    world.body["spec"]["workers"]["desired"] = 4
+    world.reconcile()
+    assert world.status["attempt"] == 0 and world.status["restartsByReason"] == {}
+
+
+def kept_through_a_backoff(world: World) -> World:
+    """demo-worker-0 on node-b kept by a gang restart that waits out its backoff (the others failed)."""
+    world.settle()
+    world.run("demo-worker-0", node="node-b")
+    world.run()
+    world.reconcile()
+    world.terminate("demo-worker-1", 1)
+    world.terminate("demo-worker-2", 1)
+    world.reconcile()
+    assert world.status["attempt"] == 1 and world.status["restartNotBefore"]
+    world.finish_terminating()
+    return world
+
+
+def test_a_ready_blip_during_the_backoff_keeps_the_kept_pods() -> None:
+    world = kept_through_a_backoff(supervised_job())
+    kept = uids(world)["demo-worker-0"]
+    world.node_not_ready("node-b")
+    world.advance(3)
+    blip = world.reconcile()
+    assert "demo-worker-0" not in {d.name for d in blip.delete} and world.status["reason"] == "Backoff"
+    world.node_ready("node-b")
+    world.advance(10)
+    moved = world.reconcile()
+    assert [(m.name, m.uid, m.to_attempt) for m in moved.move] == [("demo-worker-0", kept, 1)]
+
+
+def test_a_node_lost_during_the_backoff_loses_the_kept_pods() -> None:
+    world = kept_through_a_backoff(supervised_job(failurePolicy={"backoffSeconds": 600}))
+    world.node_not_ready("node-b")
+    world.advance(world.node_loss.grace_seconds - 1)
+    assert "demo-worker-0" not in {d.name for d in world.reconcile().delete}
+    world.advance(1)
+    lost = world.reconcile()
+    assert [(d.name, d.grace_seconds) for d in lost.delete] == [("demo-worker-0", None)]  # not forced

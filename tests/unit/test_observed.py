@@ -140,3 +140,31 @@ def test_torchrun_error_file_is_reduced_to_its_error_line() -> None:
     assert failure.message == (
         "worker demo-worker-0 exited with code 1 (Error): ValueError: The last_call timeout (0:00:00) must be positive."
     )
+
+
+def test_values_read_from_a_pod_are_bounded_and_checked_and_the_rest_ignored() -> None:
+    """Labels and annotations on worker pods are the tenant's to edit: a value too long or of the
+    wrong form is treated as absent, and the record names its key (for one Warning Event)."""
+    raw = pod(phase="Running")
+    raw["metadata"]["labels"][naming.ATTEMPT_LABEL] = "-1"
+    raw["metadata"]["annotations"] = {
+        naming.RANK_ADDRESS_ANNOTATION: "a" * (240 * 1024),
+        naming.DOMAIN_ANNOTATION: "rack 7; drop table",
+        naming.RENDEZVOUS_ID_ANNOTATION: "5f1c0d2e-3",
+        naming.KUEUE_TOTAL_COUNT_ANNOTATION: "9" * 5000,
+        naming.CONTAINER_ANNOTATION: "Trainer!",
+        "example.com/notes": "x" * (240 * 1024),  # not read: never copied
+    }
+    record = pod_record(raw)
+    assert (record.attempt, record.rank_address, record.domain, record.group_total) == (None, None, None, None)
+    assert record.rendezvous_id == "5f1c0d2e-3"
+    assert set(record.ignored) == {
+        naming.ATTEMPT_LABEL,
+        naming.RANK_ADDRESS_ANNOTATION,
+        naming.DOMAIN_ANNOTATION,
+        naming.KUEUE_TOTAL_COUNT_ANNOTATION,
+        naming.CONTAINER_ANNOTATION,
+    }
+    size = sum(sys.getsizeof(getattr(record, f)) for f in record.__slots__)
+    assert size < 2000
+    assert pod_record(pod(phase="Running")).ignored == ()

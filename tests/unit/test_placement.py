@@ -3,10 +3,15 @@ told, and a gang that no domain can hold."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
+import pytest
+
+from phalanx.cluster.cache import NodeCache
 from phalanx.reconcile import desired, naming
 from phalanx.reconcile.environment import resolve_launch
+from phalanx.reconcile.observed import Observed
 from tests.unit.jobs import job
 from tests.unit.simulation import World
 
@@ -40,22 +45,24 @@ def test_required_puts_every_worker_in_the_domain_with_room_for_them_and_growth_
     world = topology_job()
     racks(world, {"rack-a": 2, "rack-b": 3, "rack-c": 4})
     world.settle()
-    assert world.status["placement"] == {"key": RACK, "domain": "rack-c"}  # the most room
+    assert world.status["placement"] == {"key": RACK, "domain": "rack-b"}  # the least room that holds them
     placed = [e for plan in world.plans for e in plan.events if e.reason == "Placed"]
     assert [e.message for e in placed] == [
-        f"workers placed in {RACK}=rack-c: 4 schedulable node(s), room for 4 worker(s) by allocatable"
+        f"workers placed in {RACK}=rack-b: 3 schedulable node(s), room for 3 worker(s) by allocatable less what "
+        "the pods there request"
     ]
     for pod in world.workers():
-        assert {"key": RACK, "operator": "In", "values": ["rack-c"]} in node_terms(pod)[0]["matchExpressions"]
-    world.run()
+        assert {"key": RACK, "operator": "In", "values": ["rack-b"]} in node_terms(pod)[0]["matchExpressions"]
+    for index, pod in enumerate(world.workers()):
+        world.run(pod["metadata"]["name"], node=f"rack-b-{index}")
     world.reconcile()
-    # rack-c fills up with other tenants' pods and rack-b has more nodes now: the job stays
-    racks(world, {"rack-a": 2, "rack-b": 6, "rack-c": 4})
+    # rack-b is full and rack-c has more nodes now: the job stays
+    racks(world, {"rack-a": 2, "rack-b": 3, "rack-c": 6})
     world.body["spec"]["workers"]["desired"] = 4
     grown = world.reconcile()
     (added,) = grown.apply
-    assert {"key": RACK, "operator": "In", "values": ["rack-c"]} in node_terms(added)[0]["matchExpressions"]
-    assert world.status["placement"]["domain"] == "rack-c"
+    assert {"key": RACK, "operator": "In", "values": ["rack-b"]} in node_terms(added)[0]["matchExpressions"]
+    assert world.status["placement"]["domain"] == "rack-b"
 
 
 def test_the_template_affinity_is_kept_and_each_of_its_terms_gets_the_domain() -> None:
@@ -192,34 +199,35 @@ def test_a_gang_that_found_no_room_in_its_domain_for_a_while_moves_to_the_next_t
     world = topology_job()
     racks(world, {"rack-a": 3, "rack-b": 4})
     world.settle()
-    assert world.status["placement"]["domain"] == "rack-b"
-    for pod in world.workers():  # other tenants' pods fill rack b
-        world.unschedulable(pod["metadata"]["name"], "0/7 nodes are available: 4 Insufficient nvidia.com/gpu.")
+    assert world.status["placement"]["domain"] == "rack-a"
+    for pod in world.workers():  # no room in rack a for a reason the nodes' pods do not tell (a taint)
+        world.unschedulable(pod["metadata"]["name"], "0/7 nodes are available: 3 node(s) had untolerated taint.")
     world.advance(60)
     assert world.reconcile().delete == ()  # patience
     world.advance(60)
     moved = world.reconcile()
     assert sorted(d.name for d in moved.delete) == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
-    assert world.status["placement"]["domain"] == "rack-a"
+    assert world.status["placement"]["domain"] == "rack-b"
     (event,) = [e for e in moved.events if e.reason == "Placed"]
-    assert "moved from rack-b, where none of the gang found room for 120s" in event.message
+    assert "moved from rack-a, where none of the gang found room for 120s" in event.message
     assert world.status["restarts"] == 0
     world.finish_terminating()
     world.settle()
     assert len(world.workers()) == 3
-    assert all("rack-a" in str(node_terms(pod)) for pod in world.workers())
+    assert all("rack-b" in str(node_terms(pod)) for pod in world.workers())
 
 
 def test_a_gang_partly_placed_is_never_moved() -> None:
     world = topology_job()
     racks(world, {"rack-a": 3, "rack-b": 4})
     world.settle()
-    world.schedule_only("demo-worker-0", node="rack-b-0")
+    world.schedule_only("demo-worker-0", node="rack-a-0")
+    world.other_requests = {f"rack-a-{index}": {"nvidia.com/gpu": "8"} for index in (1, 2)}
     for name in ("demo-worker-1", "demo-worker-2"):
         world.unschedulable(name, "0/7 nodes are available: 4 Insufficient nvidia.com/gpu.")
     world.advance(600)
     assert world.reconcile().delete == ()
-    assert world.status["placement"]["domain"] == "rack-b"
+    assert world.status["placement"]["domain"] == "rack-a"
 
 
 def supervised_preferred_job(**spec: Any) -> World:
@@ -293,18 +301,18 @@ def test_a_sigkill_after_the_move_was_recorded_still_moves_the_unplaced_pods() -
     world = topology_job()
     racks(world, {"rack-a": 3, "rack-b": 4})
     world.settle()
-    assert all(pod["metadata"]["annotations"][naming.DOMAIN_ANNOTATION] == "rack-b" for pod in world.workers())
+    assert all(pod["metadata"]["annotations"][naming.DOMAIN_ANNOTATION] == "rack-a" for pod in world.workers())
     for pod in world.workers():
-        world.unschedulable(pod["metadata"]["name"], "0/7 nodes are available: 4 Insufficient nvidia.com/gpu.")
+        world.unschedulable(pod["metadata"]["name"], "0/7 nodes are available: 3 Insufficient nvidia.com/gpu.")
     world.advance(120)
-    world.carry_out(world.plan(), stop_after_status=True)  # the status says rack-a; no pod was deleted
-    assert world.status["placement"]["domain"] == "rack-a" and len(world.workers()) == 3
+    world.carry_out(world.plan(), stop_after_status=True)  # the status says rack-b; no pod was deleted
+    assert world.status["placement"]["domain"] == "rack-b" and len(world.workers()) == 3
     again = world.reconcile()
     assert sorted(d.name for d in again.delete) == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
     assert [e for e in again.events if e.reason == "Placed"] == []  # announced once, before the SIGKILL
     world.finish_terminating()
     world.settle()
-    assert len(world.workers()) == 3 and all("rack-a" in str(node_terms(pod)) for pod in world.workers())
+    assert len(world.workers()) == 3 and all("rack-b" in str(node_terms(pod)) for pod in world.workers())
     assert world.status["restarts"] == 0
 
 
@@ -391,3 +399,185 @@ def test_a_surplus_rank_slice_found_after_a_sigkill_is_deleted_in_the_next_pass(
     again = world.reconcile()
     assert [(d.kind, d.name) for d in again.delete] == [("EndpointSlice", "demo-ranks-1")]
     assert sorted(rank_slices(world)) == ["demo-ranks"]
+
+
+def test_the_pods_a_move_deletes_are_no_loss_while_they_stop_nor_once_they_are_gone() -> None:
+    world = topology_job()
+    racks(world, {"rack-a": 3, "rack-b": 4})
+    world.settle()
+    for pod in world.workers():
+        world.unschedulable(pod["metadata"]["name"], "0/7 nodes are available: 4 Insufficient nvidia.com/gpu.")
+    world.advance(120)
+    moved = world.reconcile()
+    assert len(moved.delete) == 3 and len(world.status["removedWorkers"]) == 3
+    stopping = world.reconcile()  # the deleted pods still stop: recorded as the operator's own
+    assert world.status["attempt"] == 0 and world.status["restartsByReason"] == {}
+    assert not [e for e in stopping.events if e.reason == "GangRestart"]
+    world.finish_terminating()
+    world.settle()
+    assert world.status["attempt"] == 0 and world.status["restartsByReason"] == {}
+    assert len(world.workers(attempt=0)) == 3 and all("rack-b" in str(node_terms(pod)) for pod in world.workers())
+    assert "removedWorkers" not in world.status
+
+
+def busy(world: World, *nodes: str) -> None:
+    """Other tenants' pods take every GPU of these nodes."""
+    world.other_requests.update({node: {"nvidia.com/gpu": "8", "cpu": "4"} for node in nodes})
+
+
+def test_a_required_gang_goes_to_the_domain_whose_gpus_are_free_not_the_first_by_name() -> None:
+    world = topology_job()
+    racks(world, {"rack-a": 3, "rack-b": 3})
+    busy(world, "rack-a-0", "rack-a-1", "rack-a-2")  # another tenant fills rack a
+    world.settle()
+    assert world.status["placement"]["domain"] == "rack-b"
+    assert all("rack-b" in str(node_terms(pod)) for pod in world.workers())
+    (placed,) = [e for plan in world.plans for e in plan.events if e.reason == "Placed"]
+    assert "rack-b: 3 schedulable node(s), room for 3 worker(s)" in placed.message
+
+
+def test_the_tightest_domain_that_holds_the_gang_is_chosen_so_large_gangs_still_find_a_whole_one() -> None:
+    world = topology_job()  # 3 workers
+    racks(world, {"rack-a": 4, "rack-b": 3, "rack-c": 4})
+    busy(world, "rack-c-0", "rack-c-1")  # room for 4, 3 and 2 now
+    world.settle()
+    assert world.status["placement"]["domain"] == "rack-b"
+    # desired 4: the tightest that holds 4 (rack a); min 3 is the fallback where none holds 4
+    grown = topology_job(workers={"min": 3, "max": 4, "desired": 4})
+    racks(grown, {"rack-a": 4, "rack-b": 3, "rack-c": 4})
+    busy(grown, "rack-c-0", "rack-c-1")
+    grown.settle()
+    assert grown.status["placement"]["domain"] == "rack-a"
+    squeezed = topology_job(workers={"min": 3, "max": 4, "desired": 4})
+    racks(squeezed, {"rack-a": 4, "rack-b": 3, "rack-c": 4})
+    busy(squeezed, "rack-a-0", "rack-c-0", "rack-c-1")  # room for 3, 3 and 2: the first name of the tightest
+    squeezed.settle()
+    assert squeezed.status["placement"]["domain"] == "rack-a"
+
+
+def test_a_gang_whose_domain_filled_up_before_it_was_placed_moves_at_once_to_one_with_room() -> None:
+    world = topology_job()
+    racks(world, {"rack-a": 3, "rack-b": 3})
+    world.settle()
+    assert world.status["placement"]["domain"] == "rack-a"
+    busy(world, "rack-a-0", "rack-a-1", "rack-a-2")  # another tenant's pods were bound first
+    for pod in world.workers():
+        world.unschedulable(pod["metadata"]["name"], "0/6 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    moved = world.reconcile()  # no patience: the nodes' pods say why, and rack b has room
+    assert sorted(d.name for d in moved.delete) == ["demo-worker-0", "demo-worker-1", "demo-worker-2"]
+    assert world.status["placement"]["domain"] == "rack-b"
+    (event,) = [e for e in moved.events if e.reason == "Placed"]
+    assert "moved from rack-a, where none of the gang found room and the pods there leave room for 0 worker(s)" in (
+        event.message
+    )
+    world.finish_terminating()
+    world.settle()
+    assert len(world.workers()) == 3 and all("rack-b" in str(node_terms(pod)) for pod in world.workers())
+    assert world.status["restarts"] == 0
+
+
+def test_a_gang_waits_its_patience_where_every_domain_looks_full() -> None:
+    world = topology_job()
+    racks(world, {"rack-a": 3, "rack-b": 3})
+    world.settle()
+    busy(world, "rack-a-0", "rack-a-1", "rack-a-2", "rack-b-0")  # rack b holds 2 of the 3 now
+    for pod in world.workers():
+        world.unschedulable(pod["metadata"]["name"], "0/6 nodes are available: 3 Insufficient nvidia.com/gpu.")
+    assert world.reconcile().delete == ()
+    assert world.status["placement"]["domain"] == "rack-a"
+
+
+def test_a_nodes_free_room_is_its_allocatable_less_what_other_pods_request_never_below_zero() -> None:
+    gpus = {"nvidia.com/gpu": Decimal(8), "cpu": Decimal(64)}
+    observed = Observed(
+        node_allocatable={"n1": gpus, "n2": gpus},
+        node_requested={"n1": {"nvidia.com/gpu": Decimal(8), "cpu": Decimal(70)}, "gone": {"cpu": Decimal(1)}},
+        own_requested={"n1": {"nvidia.com/gpu": Decimal(4), "cpu": Decimal(2)}},
+    )
+    # the job's own pods (a spare, a stopping worker) hold nothing against it: n1 has 4 GPUs for it
+    assert observed.node_free("n1") == {"nvidia.com/gpu": Decimal(4), "cpu": Decimal(0)}
+    assert observed.node_free("n2") == gpus
+    assert observed.node_free("unschedulable") == {}
+
+
+def node_body(name: str, rack: str, *, ready: bool = True, cordoned: bool = False) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {RACK: rack, "kubernetes.io/hostname": name}},
+        "spec": {"unschedulable": True} if cordoned else {},
+        "status": {
+            "allocatable": dict(NODE_8_GPUS),
+            "conditions": [{"type": "Ready", "status": "True" if ready else "Unknown"}],
+        },
+    }
+
+
+def watched_racks(world: World, layout: dict[str, int]) -> list[str]:
+    """Racks of 8-GPU nodes, as the operator's node cache sees them: node names."""
+    world.node_cache = NodeCache()
+    names = []
+    for rack, count in layout.items():
+        for index in range(count):
+            names.append(f"{rack}-{index}")
+            world.node_cache.observe("ADDED", node_body(f"{rack}-{index}", rack))
+    return names
+
+
+def rank_addresses(world: World) -> dict[str, str]:
+    return {
+        name: pod["metadata"]["annotations"][naming.RANK_ADDRESS_ANNOTATION]
+        for name, pod in world.pods.items()
+        if name.startswith("demo-worker")
+    }
+
+
+@pytest.mark.parametrize("change", [{"ready": False}, {"cordoned": True}], ids=["notready-blip", "cordon"])
+def test_a_running_gang_keeps_its_domain_and_rank_addresses_while_its_nodes_take_no_new_pods(
+    change: dict[str, bool],
+) -> None:
+    """The rack's switch flaps (every node NotReady for a while), or the rack is cordoned for
+    maintenance: the workers still run there, so the domain and their addresses stay."""
+    supervised = {"name": "trainer", "image": "example/train:1", "command": ["phalanx-supervise", "--", "torchrun"]}
+    world = topology_job(template={"spec": {"containers": [supervised]}})
+    watched_racks(world, {"rack-a": 3, "rack-b": 3})
+    assert world.node_cache is not None
+    world.settle()
+    assert world.status["placement"]["domain"] == "rack-a"
+    for index in range(3):
+        world.run(f"demo-worker-{index}", node=f"rack-a-{index}")
+        world.pods[f"demo-worker-{index}"]["status"]["podIP"] = f"10.0.0.{index + 1}"
+    world.settle()
+    addresses = rank_addresses(world)
+    assert len(addresses) == 3
+    for index in range(3):
+        world.node_cache.observe("MODIFIED", node_body(f"rack-a-{index}", "rack-a", **change))
+        if not change.get("ready", True):
+            world.node_not_ready(f"rack-a-{index}")
+    assert world.node_cache.allocatable().keys() == {"rack-b-0", "rack-b-1", "rack-b-2"}  # no room there now
+    plan = world.reconcile()
+    assert world.status["placement"]["domain"] == "rack-a"
+    assert [e for e in plan.events if e.reason == "Placed"] == []
+    assert plan.address == () and rank_addresses(world) == addresses
+    for index in range(3):
+        world.node_cache.observe("MODIFIED", node_body(f"rack-a-{index}", "rack-a"))
+        world.node_ready(f"rack-a-{index}")
+    world.settle()
+    assert world.status["placement"]["domain"] == "rack-a" and rank_addresses(world) == addresses
+
+
+def test_a_worker_keeps_its_rank_address_while_its_own_node_blips() -> None:
+    supervised = {"name": "trainer", "image": "example/train:1", "command": ["phalanx-supervise", "--", "torchrun"]}
+    world = topology_job(template={"spec": {"containers": [supervised]}})
+    watched_racks(world, {"rack-a": 3})
+    assert world.node_cache is not None
+    world.settle()
+    for index in range(3):
+        world.run(f"demo-worker-{index}", node=f"rack-a-{index}")
+        world.pods[f"demo-worker-{index}"]["status"]["podIP"] = f"10.0.0.{index + 1}"
+    world.settle()
+    addresses = rank_addresses(world)
+    slice_ = world.objects[("EndpointSlice.discovery.k8s.io", "demo-ranks")]
+    world.node_cache.observe("MODIFIED", node_body("rack-a-1", "rack-a", ready=False))
+    world.node_not_ready("rack-a-1")
+    plan = world.reconcile()
+    assert plan.address == () and rank_addresses(world) == addresses
+    assert world.objects[("EndpointSlice.discovery.k8s.io", "demo-ranks")]["endpoints"] == slice_["endpoints"]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from phalanx.reconcile import naming
+from phalanx.reconcile.slots import DUPLICATE_WORKER
 from tests.unit.crd_validation import validate
 from tests.unit.jobs import job, manifest
 from tests.unit.simulation import World
@@ -231,13 +232,56 @@ def test_workers_failing_in_one_pass_are_one_counted_failure_whatever_survives(d
     assert world.status["restarts"] == 1
 
 
-SPARE_ACTIONS = st.lists(
-    st.tuples(
-        st.sampled_from(["run", "fail", "delete", "fail-spare", "scale", "wait", "lose-node", "spares"]),
-        st.integers(0, 7),
-    ),
-    max_size=25,
-)
+SPARE_EVENTS = st.sampled_from(["run", "fail", "delete", "fail-spare", "scale", "wait", "lose-node", "spares"])
+SPARE_ACTIONS = st.lists(st.tuples(SPARE_EVENTS, st.integers(0, 7)), max_size=25)
+
+
+def spare_world(low: int, high: int, spares: int, *, desired: int | None = None) -> World:
+    """A supervised job at ``desired`` (else ``high``) workers with ``spares`` spares, all running."""
+    containers = [{"name": "trainer", "image": "example/train:1", "command": ["phalanx-supervise", "--", "torchrun"]}]
+    workers = {"min": low, "max": high, "desired": desired or high, "spares": spares}
+    world = World(job(workers=workers, template={"spec": {"containers": containers}}))
+    for _ in range(2):  # the workers, then the spares behind them, running
+        world.settle()
+        world.run()
+    return world
+
+
+def spare_event(world: World, action: str, number: int, low: int, high: int) -> int:
+    """Play one event of SPARE_EVENTS on ``world``; returns the worker failures it caused (0 or 1)."""
+    live_workers = [p for p in world.workers(world.status["attempt"]) if not p["metadata"].get("deletionTimestamp")]
+    target = live_workers[number % len(live_workers)]["metadata"]["name"] if live_workers else None
+    live_spares = [p for p in world.spares() if not p["metadata"].get("deletionTimestamp")]
+    if action == "run":
+        world.run()
+    elif action == "fail" and target:
+        world.run(target)
+        world.terminate(target, 1)
+        return 1
+    elif action == "delete" and target:
+        world.pods[target]["metadata"]["deletionTimestamp"] = "2026-11-30T10:00:00Z"
+    elif action == "fail-spare" and live_spares:
+        world.terminate(live_spares[number % len(live_spares)]["metadata"]["name"], 137, "OOMKilled")
+    elif action == "scale":
+        world.body["spec"]["workers"]["desired"] = low + number % (high - low + 1)
+    elif action == "spares":
+        world.body["spec"]["workers"]["spares"] = number % 3
+    elif action == "wait":
+        world.advance(30 * number)
+        world.finish_terminating()
+    elif action == "lose-node" and target:
+        world.run(target, node=f"node-{number}")
+        world.node_not_ready(f"node-{number}")
+    return 0
+
+
+def live_slots(world: World, attempt: int | None = None) -> list[str]:
+    """The slots of the worker pods that are neither going nor finished (of ``attempt``, or any)."""
+    return [
+        p["metadata"]["labels"][naming.WORKER_INDEX_LABEL]
+        for p in world.workers(attempt)
+        if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") not in ("Succeeded", "Failed")
+    ]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -246,49 +290,17 @@ def test_with_spares_every_slot_has_at_most_one_live_pod_and_spares_never_count_
     low: int, more: int, spares: int, actions: list[tuple[str, int]]
 ) -> None:
     high = low + more
-    containers = [{"name": "trainer", "image": "example/train:1", "command": ["phalanx-supervise", "--", "torchrun"]}]
-    workers = {"min": low, "max": high, "desired": high, "spares": spares}
-    world = World(job(workers=workers, template={"spec": {"containers": containers}}))
-    for _ in range(2):  # the workers, then the spares behind them, running
-        world.settle()
-        world.run()
+    world = spare_world(low, high, spares)
     counted = 0
     for action, number in actions:
-        live_workers = [p for p in world.workers(world.status["attempt"]) if not p["metadata"].get("deletionTimestamp")]
-        target = live_workers[number % len(live_workers)]["metadata"]["name"] if live_workers else None
-        live_spares = [p for p in world.spares() if not p["metadata"].get("deletionTimestamp")]
-        if action == "run":
-            world.run()
-        elif action == "fail" and target:
-            world.run(target)
-            world.terminate(target, 1)
-            counted += 1
-        elif action == "delete" and target:
-            world.pods[target]["metadata"]["deletionTimestamp"] = "2026-11-30T10:00:00Z"
-        elif action == "fail-spare" and live_spares:
-            world.terminate(live_spares[number % len(live_spares)]["metadata"]["name"], 137, "OOMKilled")
-        elif action == "scale":
-            world.body["spec"]["workers"]["desired"] = low + number % (high - low + 1)
-        elif action == "spares":
-            world.body["spec"]["workers"]["spares"] = number % 3
-        elif action == "wait":
-            world.advance(30 * number)
-            world.finish_terminating()
-        elif action == "lose-node" and target:
-            world.run(target, node=f"node-{number}")
-            world.node_not_ready(f"node-{number}")
+        counted += spare_event(world, action, number, low, high)
         world.reconcile()
         status = world.status
         if status["phase"] in ("Succeeded", "Failed"):
             break
-        live = [
-            p
-            for p in world.workers()
-            if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") not in ("Succeeded", "Failed")
-        ]
-        slots = [p["metadata"]["labels"][naming.WORKER_INDEX_LABEL] for p in live]
+        slots = live_slots(world)
         assert len(slots) == len(set(slots)), slots
-        assert len(live) <= high
+        assert len(slots) <= high
         for spare in world.spares():
             assert naming.WORKER_INDEX_LABEL not in spare["metadata"]["labels"]
         waiting = [
@@ -298,3 +310,76 @@ def test_with_spares_every_slot_has_at_most_one_live_pod_and_spares_never_count_
         ]
         assert len(waiting) <= world.body["spec"]["workers"]["spares"]
         assert status["restarts"] <= counted  # a spare's failure is never a restart
+
+
+# A race: a second replica (or a cache that lags) keeps the view it would plan from; the world moves
+# on by one event and the operator's pass with it; then the replica plans from its view, either all of
+# it (its status write is refused once the job changed) or its pods under the job as it is now (a pod
+# cache that lags the job cache), and its plan is carried out. "spare-node": the node of the spare a
+# pass would promote first stops being Ready, or comes back.
+STALE_EVENTS = ["spare-node", "scale", "fail", "fail-spare", "run", "wait"]
+STALE_STEPS = st.sampled_from(["pass", "race", "race", *STALE_EVENTS])
+
+
+def stale_event(world: World, action: str, number: int, low: int, high: int) -> None:
+    """Play one of STALE_EVENTS."""
+    live_spares = [p for p in world.spares() if not p["metadata"].get("deletionTimestamp")]
+    if action == "spare-node" and live_spares:
+        node = min(live_spares, key=lambda p: p["metadata"]["name"])["spec"].get("nodeName") or "node-a"
+        if node in world.unready_nodes:
+            world.node_ready(node)
+        else:
+            world.node_not_ready(node)
+    else:
+        spare_event(world, action, number, low, high)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# one more slot, the node of the first spare stops being Ready, and a replica whose pod cache lags
+# plans: it would promote the spare the operator did not; with one spare, create a new worker pod
+@example(1, 1, 1, 2, [("race", 2)])
+@example(1, 1, 1, 1, [("spare-node", 0), ("race", 6)])
+@given(
+    st.integers(1, 4),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.integers(1, 3),
+    st.lists(st.tuples(STALE_STEPS, st.integers(0, 15)), max_size=30),
+)
+def test_passes_from_stale_views_never_leave_two_pods_in_a_slot_once_a_pass_resolves(
+    low: int, more: int, fewer: int, spares: int, actions: list[tuple[str, int]]
+) -> None:
+    """Spares promoted, failing and replaced, with passes planned from older views (a second
+    replica, a lagging cache, a pass sent again) carried out in between: after every pass of the
+    operator that sees the world as it is, no slot of the current attempt has two live pods, and
+    the pass after one that resolved two pods in one slot counts nothing for it."""
+    high = low + more
+    world = spare_world(low, high, spares, desired=max(low, high - fewer))
+    for spare in world.spares():  # each on a node of its own
+        spare["spec"]["nodeName"] = f"node-{spare['metadata']['name']}"
+    for action, number in [*actions, ("pass", 0)]:
+        if action == "race":
+            kept = world.view()
+            stale_event(world, STALE_EVENTS[number % 3], number, low, high)
+            world.reconcile()
+            stale = kept if number // 8 else world.view(observed=kept.observed)
+            world.carry_out(world.plan_from(stale), view=stale)
+            continue
+        if action != "pass":
+            stale_event(world, action, number, low, high)
+            continue
+        events = world.reconcile().events
+        status = world.status
+        if status["phase"] in ("Succeeded", "Failed"):
+            break
+        slots = live_slots(world, status["attempt"])
+        assert len(slots) == len(set(slots)), slots
+        # the pods deleted as the newer of two in a slot: no failure and no restart in the next pass
+        newer = {event.message.split()[0] for event in events if event.reason == DUPLICATE_WORKER}
+        if newer:
+            uids = {world.pods[name]["metadata"]["uid"] for name in newer if name in world.pods}
+            tally = (status["attempt"], status["restarts"])
+            after = world.reconcile()
+            assert (world.status["attempt"], world.status["restarts"]) == tally
+            assert not uids & set(world.status.get("countedFailures") or ())
+            assert not [event for event in after.events if any(name in event.message for name in newer)]

@@ -206,11 +206,11 @@ def test_redirects_are_not_followed() -> None:
     assert hits == ["/metrics"] and poller.get(KEY) is None  # the page it points to was never asked for
 
 
-def worker_pod(name: str, job_uid: str, port: int, **spec: Any) -> dict[str, Any]:
+def worker_pod(name: str, job_uid: str, port: int, namespace: str = "ml", **spec: Any) -> dict[str, Any]:
     return {
         "kind": "Pod",
         "metadata": {
-            "namespace": "ml",
+            "namespace": namespace,
             "name": f"{name}-worker-0",
             "uid": f"{job_uid}-worker-0",
             "resourceVersion": "6",
@@ -311,3 +311,39 @@ def test_a_completion_record_names_its_job() -> None:
     assert done is not None and (done.job_uid, done.attempt, done.step, done.rank) == ("uid-demo", 2, 200, 0)
     unnamed = parse_completion("phalanx_training_completed_attempt 2\n")
     assert unnamed is not None and unnamed.job_uid == ""
+
+
+def test_a_namespace_of_silent_endpoints_takes_turns_with_the_others() -> None:
+    """Slots go round the namespaces with a job due: four silent jobs of one tenant hold up
+    another namespace's job for one timeout, not four."""
+    asked: list[str] = []
+
+    async def silent(request: web.Request) -> web.StreamResponse:
+        asked.append("silent")
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def answering(request: web.Request) -> web.StreamResponse:
+        asked.append("demo")
+        return web.Response(text="phalanx_worker_world_size 2\n")
+
+    async def scenario() -> ProgressPoller:
+        async with worker_serving(silent) as silent_port, worker_serving(answering) as port:
+            jobs, children = JobCache(), ChildCache()
+            running_job_and_worker(jobs, children, ip="127.0.0.1", port=port)
+            for index in range(4):  # "a-tenant" sorts first: served first, and in a plain queue all four would be
+                name, uid = f"silent-{index}", f"uid-silent-{index}"
+                jobs.update(
+                    {"metadata": {"namespace": "a-tenant", "name": name, "uid": uid, "resourceVersion": "1"},
+                     "status": {"phase": "Running", "attempt": 1}}
+                )  # fmt: skip
+                children.observe("ADDED", worker_pod(name, uid, silent_port, namespace="a-tenant"))
+            poller = ProgressPoller(jobs, children, lambda key: None, interval=60, timeout=0.3, concurrency=1)
+            async with poller:
+                await poller.poll_once()
+            return poller
+
+    poller = asyncio.run(scenario())
+    assert asked == ["silent", "demo", "silent", "silent", "silent"]
+    progress = poller.get(KEY)
+    assert progress is not None and progress.world_size == 2

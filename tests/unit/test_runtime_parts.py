@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import tracemalloc
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from phalanx import cli
 from phalanx.cli.run import node_options, watch_scope
-from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, RecentlyDeleted, WorkloadCache
+from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, NodeRequests, RecentlyDeleted, WorkloadCache
 from phalanx.cluster.client import resource_path
 from phalanx.cluster.workqueue import WorkQueue
-from phalanx.handlers.runtime import node_loss_settings
-from phalanx.reconcile import naming
+from phalanx.handlers.runtime import Runtime, node_loss_settings, spare_priority_class
+from phalanx.reconcile import capacity, naming
+from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.observed import QueuedWorkload
 from phalanx.worker import choose_backend
+from tests.unit import jobs
 
 
 async def test_queue_coalesces_and_never_runs_a_key_twice_at_once() -> None:
@@ -121,6 +125,40 @@ def test_child_cache_knows_which_jobs_wait_for_a_node_as_their_pods_change() -> 
     assert cache.jobs_waiting_for_nodes() == {("ml", "demo")}
     cache.observe("DELETED", waiting)
     assert cache.jobs_waiting_for_nodes() == set()
+
+
+def test_child_cache_warns_once_per_pod_and_key_of_a_value_it_ignored() -> None:
+    """A 240 KiB annotation on a worker pod: the cache keeps a small record without it, and the
+    job gets one Warning Event naming the pod, the key and the limit, however often it is seen."""
+    cache = ChildCache()
+    huge = pod("demo-worker-0", "5")
+    huge["metadata"]["annotations"] = {  # type: ignore[index]
+        naming.RANK_ADDRESS_ANNOTATION: "a" * (240 * 1024),
+        "example.com/notes": "x" * (240 * 1024),
+    }
+    text = json.dumps(huge)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        cache.observe("ADDED", json.loads(text))
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 4096, f"{kept} bytes kept for one pod"
+    (record,) = cache.pods_of("ml", JOB_UID)
+    assert record.rank_address is None
+    warnings = cache.take_ignored_values("ml", JOB_UID)
+    assert [(event.type, event.reason) for event in warnings] == [("Warning", "PodValueIgnored")]
+    assert "demo-worker-0" in warnings[0].message and naming.RANK_ADDRESS_ANNOTATION in warnings[0].message
+    assert "253 characters" in warnings[0].message
+    for version in ("6", "7"):  # seen again (the watch, a relist): no second warning
+        again = json.loads(text)
+        again["metadata"]["resourceVersion"] = version
+        cache.observe("MODIFIED", again)
+        assert cache.take_ignored_values("ml", JOB_UID) == ()
+    cache.observe("DELETED", huge)
+    cache.observe("ADDED", {**json.loads(text), "metadata": {**huge["metadata"], "uid": "pod-again"}})  # type: ignore[dict-item]
+    assert len(cache.take_ignored_values("ml", JOB_UID)) == 1  # another pod (UID) under the name
 
 
 def test_child_cache_keeps_newest_records_and_forgets_deleted() -> None:
@@ -233,14 +271,17 @@ def test_job_cache_prefers_newer_versions() -> None:
     assert "stale" not in (cache.get(key) or {})
 
 
-def test_job_cache_keeps_no_field_manager_bookkeeping_and_no_last_applied_copy() -> None:
+def test_job_cache_keeps_no_field_manager_bookkeeping_and_only_the_metadata_it_reads() -> None:
     cache = JobCache()
-    annotations = {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "team": "vision"}
+    annotations = {"kubectl.kubernetes.io/last-applied-configuration": "{...}", "team": "vision" * 60_000,
+                   "argocd.argoproj.io/tracking-id": "app:phalanx.dev/TrainingJob:ml/demo"}  # fmt: skip
     metadata = {"name": "demo", "namespace": "ml", "uid": "u", "resourceVersion": "10", "annotations": annotations,
+                "labels": {"team": "vision"},
                 "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]}  # fmt: skip
     body = {"metadata": metadata, "spec": {"workers": {"desired": 2}}}
     kept = cache.get(cache.update(body)) or {}
-    assert kept["metadata"]["annotations"] == {"team": "vision"} and "managedFields" not in kept["metadata"]
+    assert kept["metadata"]["annotations"] == {"argocd.argoproj.io/tracking-id": "app:phalanx.dev/TrainingJob:ml/demo"}
+    assert "labels" not in kept["metadata"] and "managedFields" not in kept["metadata"]
     assert kept["spec"] == body["spec"] and "managedFields" in metadata  # the caller's body is left alone
 
 
@@ -358,6 +399,16 @@ def test_node_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("PHALANX_NODE_LOST_GRACE_SECONDS", "-1")
     with pytest.raises(ValueError, match="PHALANX_NODE_LOST_GRACE_SECONDS"):
         node_loss_settings()
+
+
+def test_the_spare_priority_class_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PHALANX_SPARE_PRIORITY_CLASS", raising=False)
+    assert spare_priority_class() is None  # spares then take the workers' class
+    monkeypatch.setenv("PHALANX_SPARE_PRIORITY_CLASS", "phalanx-spare")
+    assert spare_priority_class() == "phalanx-spare"
+    monkeypatch.setenv("PHALANX_SPARE_PRIORITY_CLASS", "Spare Class")  # every spare would be refused
+    with pytest.raises(ValueError, match="PHALANX_SPARE_PRIORITY_CLASS"):
+        spare_priority_class()
 
 
 def node(name: str, gpus: int, *, ready: bool = True, **spec: Any) -> dict[str, Any]:
@@ -485,3 +536,108 @@ def test_node_cache_parses_a_nodes_allocatable_once_and_drops_nodes_that_take_no
     assert nodes.allocatable() == {"n1": {"nvidia.com/gpu": Decimal(16), "pods": Decimal(110)}}
     nodes.observe("MODIFIED", node("n1", 16, ready=False))
     assert nodes.allocatable() == {}
+
+
+def test_node_cache_keeps_every_nodes_labels_while_it_exists_and_room_only_for_schedulable_ones() -> None:
+    nodes = NodeCache()
+    labelled = node("n1", 8)
+    labelled["metadata"]["labels"] = {"rack": "a"}
+    nodes.observe("ADDED", labelled)
+    for change in ({"ready": False}, {"unschedulable": True}):  # a NotReady blip, a cordon
+        blipped = node("n1", 8, **change)
+        blipped["metadata"]["labels"] = {"rack": "a"}
+        nodes.observe("MODIFIED", blipped)
+        assert nodes.labels() == {"n1": {"rack": "a"}}  # its pods still run in rack a
+        assert nodes.allocatable() == {}  # but no new pod goes there
+        nodes.observe("MODIFIED", labelled)
+        assert set(nodes.allocatable()) == {"n1"}
+    nodes.observe("DELETED", labelled)
+    assert nodes.labels() == {} and nodes.allocatable() == {}
+    nodes.observe("ADDED", labelled)
+    nodes.replace("Node", None, [], "9")  # gone while the watch was down
+    assert nodes.labels() == {}
+
+
+def bound_pod(
+    name: str, node: str | None, gpus: int, *, namespace: str = "other", phase: str = "Running", **spec: Any
+) -> dict[str, Any]:
+    containers = [{"name": "main", "resources": {"requests": {"nvidia.com/gpu": str(gpus), "cpu": "500m"}}}]
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": containers, **({"nodeName": node} if node else {}), **spec},
+        "status": {"phase": phase},
+    }
+
+
+def test_node_requests_sum_what_every_tenants_bound_pods_request_per_event() -> None:
+    released: list[int] = []
+    requests = NodeRequests(on_release=lambda: released.append(1))
+    requests.observe("ADDED", bound_pod("a", "n1", 4))
+    requests.observe("ADDED", bound_pod("b", "n1", 2, namespace="team"))
+    requests.observe("ADDED", bound_pod("pending", None, 8))  # no node yet: holds nothing
+    assert requests.requested() == {"n1": {"nvidia.com/gpu": Decimal(6), "cpu": Decimal(1)}}
+    view = requests.requested()
+    requests.observe("MODIFIED", bound_pod("a", "n1", 4))  # a status update: nothing changes
+    assert requests.requested() is view
+    requests.observe("MODIFIED", bound_pod("pending", "n2", 8))  # bound now
+    assert requests.requested()["n2"] == {"nvidia.com/gpu": Decimal(8), "cpu": Decimal("0.5")}
+    assert view == {"n1": {"nvidia.com/gpu": Decimal(6), "cpu": Decimal(1)}}  # a view handed out stays as it was
+    requests.observe("MODIFIED", bound_pod("b", "n1", 2, namespace="team", phase="Succeeded"))  # finished
+    assert requests.requested()["n1"] == {"nvidia.com/gpu": Decimal(4), "cpu": Decimal("0.5")}
+    assert requests.held_by([("other", "a"), ("other", "pending"), ("other", "unknown")]) == {
+        "n1": {"nvidia.com/gpu": Decimal(4), "cpu": Decimal("0.5")},
+        "n2": {"nvidia.com/gpu": Decimal(8), "cpu": Decimal("0.5")},
+    }
+    requests.observe("DELETED", bound_pod("a", "n1", 4))
+    assert set(requests.requested()) == {"n2"} and len(released) == 2
+    requests.replace("Pod", None, [bound_pod("c", "n3", 1)], "10")  # "pending" went while the watch was down
+    assert requests.requested() == {"n3": {"nvidia.com/gpu": Decimal(1), "cpu": Decimal("0.5")}}
+    assert len(released) == 3
+
+
+def test_pods_of_one_template_share_one_record_of_their_requests() -> None:
+    requests = NodeRequests()
+    for index in range(3):
+        requests.observe("ADDED", bound_pod(f"p{index}", f"n{index}", 8))
+    held = [requests._pods[("other", f"p{index}")][1] for index in range(3)]  # the sharing itself
+    assert held[0] is held[1] is held[2]
+    for index in range(3):
+        requests.observe("DELETED", bound_pod(f"p{index}", f"n{index}", 8))
+    assert requests._shared == {} and requests.requested() == {}
+
+
+def test_a_pods_requests_are_summed_as_the_scheduler_sums_them() -> None:
+    def container(cpu: str, **more: Any) -> dict[str, Any]:
+        return {"name": "c", "resources": {"requests": {"cpu": cpu}}, **more}
+
+    spec = {
+        "containers": [container("1"), {"name": "l", "resources": {"limits": {"memory": "1Gi"}}}],
+        "initContainers": [container("4"), container("500m", restartPolicy="Always"), container("3")],
+        "overhead": {"cpu": "100m"},
+    }
+    # init: 4, then 3 beside the 0.5 sidecar = 3.5; running: 1 + the sidecar's 0.5; the max, plus the overhead
+    assert capacity.pod_requests(spec) == {"cpu": Decimal("4.1"), "memory": Decimal(2**30)}
+    with pytest.raises(PlanningError, match=r"containers\[0\]\.resources"):
+        capacity.pod_requests({"containers": [container("lots")]})
+
+
+def test_a_pass_sees_each_nodes_free_room_with_its_own_pods_not_held_against_it() -> None:
+    async def handle(key: tuple[str, str]) -> None:
+        return None
+
+    runtime = Runtime.start(cast(Any, object()), WorkQueue(handle), namespaces=("ml",), watch_nodes=True)
+    (bound,) = [informer for informer in runtime.informers if informer.sink is runtime.requests]
+    # every namespace's pods at once, only those bound and not finished; no scope of jobs of its own
+    assert bound.namespace is None and bound.resource.path(None) == "/api/v1/pods"
+    assert bound.field_selector == "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+    assert runtime.scopes() == ["ml"]
+    parsed = jobs.job()
+    runtime.nodes.observe("ADDED", node("n1", 8))
+    ours = pod("demo-worker-0", "1", owner=parsed.metadata.uid)
+    ours["spec"] = {"nodeName": "n1", "containers": [{"name": "w", "resources": {"requests": {"nvidia.com/gpu": "2"}}}]}
+    for body in (ours, bound_pod("theirs", "n1", 4)):
+        runtime.children.observe("ADDED", body)
+        runtime.requests.observe("ADDED", body)
+    observed = runtime.observe(parsed)
+    assert observed.node_requested["n1"]["nvidia.com/gpu"] == Decimal(6)
+    assert observed.node_free("n1")["nvidia.com/gpu"] == Decimal(4)  # 8 less the other tenant's 4

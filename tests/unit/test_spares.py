@@ -4,6 +4,8 @@ behind it once every slot holds a scheduled worker."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -205,6 +207,42 @@ def test_spares_without_what_they_need_are_refused_naming_the_field(spec: dict[s
     assert world.status["message"].startswith("spec.workers.spares: ") and why in world.status["message"]
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param({"workers": {"spares": 1}}, id="spares set on a job whose command is not supervised"),
+        # refused at admission since the containers' command is declared (CRDs before that let it through)
+        pytest.param({"template": {"spec": {"containers": [{"name": "trainer", "image": "example/train:1",
+                                                            "command": ["torchrun"]}]}}}, id="supervisor taken away"),
+    ],
+)  # fmt: skip
+def test_an_edit_that_makes_spares_impossible_mid_run_keeps_handling_failures_and_ends_succeeded(
+    edit: dict[str, Any],
+) -> None:
+    """A running job whose spec can no longer have spares trains on without them (Stalled says
+    why): a failed worker is still replaced, and the run that completes is Succeeded."""
+    world = training(with_spares(0 if "workers" in edit else 1, command=None if "template" in edit else ["torchrun"]))
+    spec = world.body["spec"]
+    for key, value in edit.items():
+        spec[key] = {**spec[key], **value}
+    world.terminate("demo-worker-1", 1)
+    handled = world.reconcile()
+    assert world.status["restarts"] == 1 and world.status["phase"] != "Failed"
+    stalled = next(c for c in world.status["conditions"] if c["type"] == "Stalled")
+    assert stalled["status"] == "True" and stalled["reason"] == "InvalidSpec"
+    assert "spec.workers.spares" in stalled["message"]
+    assert "InvalidSpec" in {event.reason for event in handled.events}
+    world.finish_terminating()
+    world.settle()
+    world.run()
+    world.settle()
+    assert world.spares() == []  # none created from a spec that cannot have them
+    for pod in world.workers(world.status["attempt"]):
+        world.terminate(pod["metadata"]["name"], 0)
+    world.reconcile()
+    assert (world.status["phase"], world.status["reason"]) == ("Succeeded", "Succeeded")
+
+
 def test_spares_join_the_pod_group_but_not_its_min_member() -> None:
     world = with_spares(1, gang={"scheduler": "scheduler-plugins"})
     world.settle()
@@ -231,3 +269,170 @@ def test_a_sigkill_after_the_re_formed_attempt_was_recorded_still_moves_and_prom
     assert slots == {"0": "demo-worker-0", "1": "demo-spare-0", "2": "demo-worker-2"}
     assert {pod["metadata"]["uid"] for pod in world.workers()} >= {before["demo-worker-0"], before["demo-worker-2"]}
     assert {pod["metadata"]["labels"][naming.ATTEMPT_LABEL] for pod in world.workers()} == {"1"}
+
+
+def test_a_ready_spare_takes_the_slot_of_a_worker_that_waits_for_a_node_and_that_worker_goes() -> None:
+    # issue 31 point 4: the spare took the capacity the lost worker freed, and its new pod waits
+    world = with_spares(1)
+    world.settle()
+    world.run()
+    world.settle()
+    world.unschedulable("demo-spare-0", "0/3 nodes are available: 3 Insufficient cpu.")
+    world.reconcile()
+    assert world.status["phase"] == "Running"
+    world.terminate("demo-worker-1", 1)
+    world.reconcile()  # no spare ready: the world re-forms without slot 1
+    world.finish_terminating()
+    refilled = world.reconcile()
+    assert names([obj for obj in refilled.apply if obj["kind"] == "Pod"]) == ["demo-worker-1"]
+    world.run("demo-spare-0", node="node-b")
+    world.unschedulable("demo-worker-1", "0/3 nodes are available: 3 Insufficient cpu.")
+    waiting_uid = world.pods["demo-worker-1"]["metadata"]["uid"]
+    taken = world.reconcile()
+    assert [(m.name, m.index, m.to_attempt) for m in taken.move] == [("demo-spare-0", 1, 1)]
+    assert [d.name for d in taken.delete] == ["demo-worker-1"]
+    assert world.pods["demo-worker-1"]["metadata"]["uid"] == waiting_uid
+    world.reconcile()  # seen stopping (bound just before the deletion): its slot is the spare's, nothing is lost
+    assert world.status["attempt"] == 1 and "WorkersDeleted" not in world.status["restartsByReason"]
+    world.finish_terminating()
+    world.reconcile()
+    assert world.status["attempt"] == 1 and world.status["restarts"] == 1  # nothing counted for the waiting pod
+    assert world.status["restartsByReason"] == {"WorkerFailed": 1}
+    assert world.status["phase"] == "Running" and world.status["workers"]["ready"] == 3
+    assert {slot_of(pod): pod["metadata"]["name"] for pod in world.workers()} == {
+        "0": "demo-worker-0",
+        "1": "demo-spare-0",
+        "2": "demo-worker-2",
+    }
+
+
+def test_a_sigkill_between_the_promotion_and_the_deletion_of_the_waiting_pod_still_leaves_one_pod_per_slot() -> None:
+    world = with_spares(1)
+    world.settle()
+    world.run()
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.pods["demo-worker-2"]["status"] = {"phase": "Pending"}  # as if just created, waiting for a node
+    world.pods["demo-worker-2"]["spec"].pop("nodeName")
+    taken = world.plan()
+    assert [(m.name, m.index) for m in taken.move] == [("demo-spare-0", 2)]
+    world.carry_out(replace(taken, delete=()))  # the operator dies after the promotion
+    doubled = world.reconcile()
+    assert [d.name for d in doubled.delete] == ["demo-worker-2"] and not doubled.move
+    assert not [obj for obj in doubled.apply if obj["kind"] == "Pod"]  # no spare while the slot is doubled
+    world.finish_terminating()
+    world.reconcile()
+    assert world.status["attempt"] == 0 and not world.status.get("restartsByReason")
+    assert {slot_of(pod): pod["metadata"]["name"] for pod in world.workers()}["2"] == "demo-spare-0"
+
+
+def test_no_spare_is_created_while_a_slot_is_empty_or_its_worker_waits_for_a_node() -> None:
+    world = training(with_spares(0))
+    world.pods["demo-worker-1"]["metadata"]["deletionTimestamp"] = format_time(world.now)  # kubectl delete pod
+    world.reconcile()  # the world re-forms without slot 1, whose pod still stops
+    world.body["spec"]["workers"]["spares"] = 1
+    emptied = world.reconcile()
+    assert not [obj for obj in emptied.apply if obj["kind"] == "Pod"]  # slot 1 is empty: the worker first
+    world.finish_terminating()
+    refilled = world.reconcile()
+    assert names([obj for obj in refilled.apply if obj["kind"] == "Pod"]) == ["demo-worker-1"]
+    world.unschedulable("demo-worker-1", "0/3 nodes are available: 3 Insufficient cpu.")
+    waiting = world.reconcile()
+    assert not [obj for obj in waiting.apply if obj["kind"] == "Pod"] and world.spares() == []
+    world.run()
+    behind = world.reconcile()
+    assert names([obj for obj in behind.apply if obj["kind"] == "Pod"]) == ["demo-spare-0"]
+
+
+def test_spares_rank_below_the_workers_in_the_operators_spare_priority_class() -> None:
+    # issue 31 point 4: a spare waiting for a node must not take the room a worker waits for
+    containers = [{"name": "trainer", "image": "example/train:1", "command": SUPERVISED}]
+    template = {"spec": {"containers": containers, "preemptionPolicy": "PreemptLowerPriority"}}
+    world = World(job(template=template, workers={"min": 2, "max": 4, "desired": 3, "spares": 1}))
+    world.spare_priority_class = "phalanx-spare"
+    world.settle()
+    world.run()
+    world.settle()
+    [spare] = world.spares()
+    assert spare["spec"]["priorityClassName"] == "phalanx-spare"
+    assert "preemptionPolicy" not in spare["spec"]  # the class's (Never): the admission refuses another
+    assert all("priorityClassName" not in pod["spec"] for pod in world.workers())
+    assert {pod["spec"]["preemptionPolicy"] for pod in world.workers()} == {"PreemptLowerPriority"}
+
+
+def test_spares_of_a_job_whose_workers_name_a_priority_class_keep_it() -> None:
+    containers = [{"name": "trainer", "image": "example/train:1", "command": SUPERVISED}]
+    template = {"spec": {"containers": containers, "priorityClassName": "training", "preemptionPolicy": "Never"}}
+    world = World(job(template=template, workers={"min": 2, "max": 4, "desired": 3, "spares": 1}))
+    world.spare_priority_class = "phalanx-spare"
+    world.settle()
+    world.run()
+    world.settle()
+    [spare] = world.spares()
+    # its class's value is unknown to the operator: the workers' own is the lowest known not above theirs
+    assert spare["spec"]["priorityClassName"] == "training" and spare["spec"]["preemptionPolicy"] == "Never"
+
+
+def shut_down(world: World, name: str) -> None:
+    """The kubelet's graceful node shutdown: the pod Failed with reason Terminated, its container
+    ended by SIGTERM (a spare's supervisor exits 0)."""
+    world.terminate(name, 0)
+    world.pods[name]["status"].update(
+        phase="Failed", reason="Terminated", message="Pod was terminated in response to imminent node shutdown."
+    )
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [
+        pytest.param(lambda world, name: world.disrupt(name), id="evicted"),
+        pytest.param(lambda world, name: world.disrupt(name, "PreemptionByScheduler"), id="preempted"),
+        pytest.param(lambda world, name: world.disrupt(name, "DeletionByTaintManager"), id="taint-manager"),
+        pytest.param(shut_down, id="node-shutdown"),
+        pytest.param(lambda world, name: world.terminate(name, 0), id="sigterm"),
+    ],
+)
+def test_a_spare_stopped_by_its_node_or_the_cluster_spends_none_of_the_spares_budget(
+    stop: Callable[[World, str], None],
+) -> None:
+    # issue 31 point 8: only a spare's own failure counts towards the spares' budget
+    world = training(with_spares(1, failurePolicy={"maxRestarts": 0}))
+    for _ in range(3):
+        [spare] = world.spares()
+        stop(world, spare["metadata"]["name"])
+        stopped = world.reconcile()
+        assert SPARE_FAILED not in {e.reason for e in stopped.events}
+        assert SPARE_FAILED not in world.status.get("restartsByReason", {})
+        world.settle()
+        world.run()
+        world.reconcile()
+        assert len(world.spares()) == 1 and world.status["phase"] == "Running"
+    assert world.status["restarts"] == 0
+
+
+def test_a_spare_that_cannot_pull_its_image_is_its_own_failure() -> None:
+    world = training(with_spares(1, failurePolicy={"maxRestarts": 0}))
+    [spare] = world.spares()
+    world.waiting(spare["metadata"]["name"], "ImagePullBackOff", "Back-off pulling image")
+    failed = world.reconcile()
+    assert SPARE_FAILED in {e.reason for e in failed.events}
+    assert world.status["restartsByReason"] == {SPARE_FAILED: 1} and world.status["phase"] == "Running"
+    world.settle()
+    assert world.spares() == []  # more spares failed than maxRestarts: no new one
+
+
+def test_a_spare_is_not_promoted_into_a_slot_a_scale_down_removes_in_the_same_pass() -> None:
+    # issue 31 point 9: desired drops from 3 to 2 in the pass that sees worker 2 (now surplus) fail
+    world = training(with_spares(1))
+    world.body["spec"]["workers"]["desired"] = 2
+    world.terminate("demo-worker-2", 1)
+    both = world.reconcile()
+    assert not [m for m in both.move if m.index is not None]
+    assert [pod["metadata"]["name"] for pod in world.spares()] == ["demo-spare-0"]
+    world.settle()
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running" and world.status["workers"]["ready"] == 2
+    assert sorted(slot_of(pod) or "" for pod in world.workers()) == ["0", "1"]
+    assert names(world.spares()) == ["demo-spare-0"]

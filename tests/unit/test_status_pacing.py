@@ -50,6 +50,16 @@ def test_counted_failures_attempts_and_condition_verdicts_are_decisions() -> Non
     assert not progress_only(current, {"phase": "Restarting"})
 
 
+def test_a_removal_recorded_is_a_decision_and_forgetting_a_gone_pod_can_wait() -> None:
+    """The record must be written before the deletions it covers; a UID pruned once its pod is gone
+    costs no write of its own (UIDs are never reused)."""
+    current = {"phase": "Running", "removedWorkers": ["uid-1", "uid-2"]}
+    assert not progress_only(current, {"removedWorkers": ["uid-1", "uid-2", "uid-3"]})
+    assert not progress_only({"phase": "Running"}, {"removedWorkers": ["uid-3"]})
+    assert progress_only(current, {"removedWorkers": ["uid-2"]})
+    assert progress_only(current, {"removedWorkers": None})
+
+
 def test_the_pacer_lets_one_progress_write_through_per_interval() -> None:
     now = [100.0]
     pacer = StatusPacer(interval=1.0, clock=lambda: now[0])

@@ -21,6 +21,11 @@
 {{- printf "%s-metrics" (include "phalanx.fullname" . | trunc 55 | trimSuffix "-") -}}
 {{- end -}}
 
+{{/* The PriorityClass of warm spares: cluster-scoped, so named after the release by default. */}}
+{{- define "phalanx.sparePriorityClass" -}}
+{{- .Values.spares.priorityClass.name | default (printf "%s-spare" (include "phalanx.fullname" .)) -}}
+{{- end -}}
+
 {{/* commonLabels merged in last: the chart's own keys win a clash. */}}
 {{- define "phalanx.labels" -}}
 {{- $chart := dict

@@ -506,6 +506,15 @@ class Container(BaseModel):
     image: str = Field(min_length=1)
     """Container image."""
 
+    # Declared so that the template's immutability covers them: CEL sees no field that the schema
+    # leaves to x-kubernetes-preserve-unknown-fields, and the command decides whether the job
+    # is supervised (in-place restarts, spares).
+    command: list[str] | None = None
+    """The container's entrypoint; the trainer's runs torchrun, or phalanx-supervise before it."""
+
+    args: list[str] | None = None
+    """Arguments to the entrypoint."""
+
 
 class PodSpecTemplate(BaseModel):
     """An ordinary pod spec. The operator adds what distributed training needs and keeps the rest."""
@@ -657,7 +666,9 @@ class TrainingJobSpec(ApiModel):
     do not restart the clock."""
 
     template: PodTemplate = Field(json_schema_extra={"x-kubernetes-validations": [immutable("the pod template")]})
-    """The worker pod template."""
+    """The worker pod template. Immutable in what the schema declares (its labels and annotations,
+    and each container's name, image, command and args: whether the trainer runs phalanx-supervise
+    decides in-place restarts and spares); the API server's rules cannot see the rest."""
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -794,6 +805,25 @@ class AvoidedNode(ApiModel):
     """When new pods may go there again."""
 
 
+class SlotClaim(ApiModel):
+    """A worker slot of the current attempt that a promoted spare holds: recorded in the status
+    write that must pass its resourceVersion precondition before the patch that promotes the spare."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    index: int = Field(ge=0, lt=MAX_WORKERS)
+    """The slot (``phalanx.dev/worker-index``)."""
+
+    pod: str = Field(max_length=253)
+    """The spare's name."""
+
+    uid: str = Field(max_length=64)
+    """The spare's UID: the claim is that pod's, not its name's."""
+
+    attempt: int = Field(ge=0)
+    """The gang attempt the slot is of; a claim of another attempt holds nothing."""
+
+
 class PlacementStatus(ApiModel):
     """The domain the operator placed the workers in (spec.placement.topology, where the operator
     chooses it: gang.scheduler none or scheduler-plugins)."""
@@ -844,6 +874,12 @@ class TrainingJobStatus(ApiModel):
     exist: written in the same update as the counters, so each failure is counted exactly once even
     when the operator stops between recording a failure and deleting the pod."""
 
+    removed_workers: list[str] | None = Field(default=None, json_schema_extra={"x-kubernetes-list-type": "set"})
+    """UIDs of worker pods of the current attempt the operator deleted itself (a scale-down's
+    surplus, a moved gang's unplaced pods), kept while those pods exist: written before the
+    deletions, so a pod stopping for them is never taken for one deleted from outside, whatever
+    happens to the operator (a restart, a new leader) in between."""
+
     workers: WorkerCounts | None = None
     """Worker counts."""
 
@@ -886,10 +922,25 @@ class TrainingJobStatus(ApiModel):
     )
     """Nodes the job's new pods keep off after a failure of the node's own, until the time given."""
 
+    slot_claims: list[SlotClaim] | None = Field(
+        default=None,
+        max_length=MAX_WORKERS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["index"]},
+    )
+    """Worker slots of the current attempt that promoted spares hold, one claim per slot, kept while
+    the spare is there: a promotion is written here, conditional on the job's resourceVersion,
+    before the spare is patched, so two passes (two operator replicas, a stale view) never promote
+    two spares into one slot."""
+
     conditions: list[Condition] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
     )
     """Ready, Reconciling and Stalled (kstatus), plus Running, Succeeded, Failed and Suspended."""
+
+
+GITOPS_ANNOTATIONS = ("argocd.argoproj.io/tracking-id",)
+GITOPS_LABELS = ("argocd.argoproj.io/instance", "kustomize.toolkit.fluxcd.io/name", "helm.toolkit.fluxcd.io/name")
+"""The metadata keys by which ``ObjectMeta.gitops_tool`` knows a job that Argo CD or Flux applies."""
 
 
 class ObjectMeta(BaseModel):
@@ -909,9 +960,9 @@ class ObjectMeta(BaseModel):
     def gitops_tool(self) -> str | None:
         """Argo CD or Flux when the object carries that tool's tracking metadata."""
         labels, annotations = self.labels or {}, self.annotations or {}
-        if "argocd.argoproj.io/tracking-id" in annotations or "argocd.argoproj.io/instance" in labels:
+        if GITOPS_ANNOTATIONS[0] in annotations or GITOPS_LABELS[0] in labels:
             return "Argo CD"
-        if any(key in labels for key in ("kustomize.toolkit.fluxcd.io/name", "helm.toolkit.fluxcd.io/name")):
+        if any(key in labels for key in GITOPS_LABELS[1:]):
             return "Flux"
         return None
 

@@ -1,10 +1,10 @@
 """Carry out a Plan against the API server, feeding every response back into the caches.
 
-Order matters for crash safety: status first (it records a new attempt, and the UIDs of the
-failures it counts, before anything else happens), then the gang's PodGroup, then the Service,
-the store and the workers in parallel (bounded by the client's cap), then the pods an in-place gang
-restart keeps are moved to the new attempt, then deletions; events go to the ``EventRecorder``,
-which posts them after the requests that create and fix things.
+Order matters for crash safety: status first (it records a new attempt, the UIDs of the
+failures it counts and of the workers it deletes itself, before anything else happens), then the
+gang's PodGroup, then the Service, the store and the workers in parallel (bounded by the client's
+cap), then the pods an in-place gang restart keeps are moved to the new attempt, then deletions;
+events go to the ``EventRecorder``, which posts them after the requests that create and fix things.
 A status write that only reports progress may be held back for a moment (``StatusPacer``).
 A SIGKILL between any two requests leaves a state the next pass completes without counting or
 creating anything twice:
@@ -18,7 +18,10 @@ creating anything twice:
 - pods, and EndpointSlices no worker needs any more, are deleted with their UID as a precondition,
   so only the object that was planned goes;
 - a kept pod is moved to the new attempt by a JSON patch that tests its UID and its old attempt,
-  so a repeated move, or one planned from a view the pod has left, changes nothing.
+  so a repeated move, or one planned from a view the pod has left, changes nothing;
+- a spare is promoted only after the status write that records its slot claim passed the
+  resourceVersion precondition (written even when nothing else changed: ``Plan.promotes``), so
+  two passes planned from one version of the job never both promote into a slot (``slots``).
 
 Refusals that may pass (quota, a name conflict, missing permission, a gang scheduler API that is
 not installed) are recorded for the planner, which paces retries and explains them in status;
@@ -328,11 +331,12 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
     metadata = job["metadata"]
     namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
     held: float | None = None
-    if plan.status and status_changed(job.get("status"), plan.status):
+    # a promotion's slot claim must pass the precondition before its patch: written, never held back
+    if plan.status and (plan.promotes or status_changed(job.get("status"), plan.status)):
         starting = plan.status.get("phase") in STARTING_PHASES
         hold = (
             run.pacer.hold((namespace, name), starting=starting)
-            if progress_only(job.get("status"), plan.status)
+            if progress_only(job.get("status"), plan.status) and not plan.promotes
             else 0.0
         )
         if hold > 0:

@@ -23,7 +23,7 @@ import json
 import sys
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -32,7 +32,10 @@ from typing import Any
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import capacity, naming
+from phalanx.reconcile.actions import Event
 from phalanx.reconcile.observed import (
+    POD_ANNOTATIONS,
+    POD_LABELS,
     ChildKey,
     Completion,
     ObjectRecord,
@@ -80,17 +83,25 @@ def controller_of(body: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+KEPT_METADATA_VALUE = 1024  # the longest label or annotation value a slimmed body keeps
+
+
+def _kept(values: Any, keys: tuple[str, ...]) -> dict[str, Any] | None:
+    if not isinstance(values, Mapping):
+        return None
+    return {k: v for k in keys if isinstance(v := values.get(k), str) and len(v) <= KEPT_METADATA_VALUE} or None
 
 
 def _slim(body: Mapping[str, Any]) -> dict[str, Any]:
     """The body without what the operator never reads and what grows with every write (the field
-    managers' bookkeeping, kubectl's copy of the last applied manifest), its keys and short
-    strings shared with every other job's (each decoded body brings its own copies)."""
-    metadata = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
-    annotations = metadata.get("annotations")
-    if annotations and LAST_APPLIED in annotations:
-        metadata["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    managers' bookkeeping, kubectl's copy of the last applied manifest, and every label and
+    annotation but the few ``ObjectMeta.gitops_tool`` reads: their values are the tenant's), its
+    keys and short strings shared with every other job's (each decoded body brings its own copies)."""
+    given = body.get("metadata") or {}
+    metadata = {k: v for k, v in given.items() if k not in ("managedFields", "labels", "annotations")}
+    for field, keys in (("labels", api.GITOPS_LABELS), ("annotations", api.GITOPS_ANNOTATIONS)):
+        if (kept := _kept(given.get(field), keys)) is not None:
+            metadata[field] = kept
     slimmed: dict[str, Any] = _shared_strings({**body, "metadata": metadata})
     return slimmed
 
@@ -269,6 +280,7 @@ class ChildCache(ListedSink):
         self._labelled: dict[JobKey, set[ChildKey]] = defaultdict(set)
         self._waiting: dict[ObjectKey, JobKey] = {}  # pods the scheduler found no node for, by job
         self._deleted = RecentlyDeleted()
+        self._warned: dict[ObjectKey, tuple[str, frozenset[str]]] = {}  # pod UID, keys warned of
         self._on_change = on_change
         self._on_pod_gone = on_pod_gone
 
@@ -323,6 +335,7 @@ class ChildCache(ListedSink):
 
     def _remove(self, ident: ObjectKey) -> JobKey | None:
         entry = self._entries.pop(ident, None)
+        self._warned.pop(ident, None)
         if entry is None:
             return None
         self._unfile(ident, entry)
@@ -367,6 +380,35 @@ class ChildCache(ListedSink):
         if record is not None and not record.deleting:
             pods[name] = dataclasses.replace(record, deleting=True)
             self._waiting.pop(("Pod", namespace, name), None)
+
+    def take_ignored_values(self, namespace: str, job_uid: str) -> tuple[Event, ...]:
+        """A Warning Event for each label or annotation value of the job's pods that was ignored
+        (``PodRecord.ignored``) and not reported yet: once per pod UID and key, for as long as
+        the pod is cached."""
+        found: list[Event] = []
+        for name, record in self._pods.get((namespace, job_uid), {}).items():
+            if not record.ignored:
+                continue
+            ident = ("Pod", namespace, name)
+            uid, warned = self._warned.get(ident, (record.uid, frozenset()))
+            if uid != record.uid:
+                warned = frozenset()
+            for key in record.ignored:
+                if key in warned:
+                    continue
+                kind, format_ = (
+                    ("label", POD_LABELS[key]) if key in POD_LABELS else ("annotation", POD_ANNOTATIONS[key])
+                )
+                found.append(
+                    Event(
+                        "Warning",
+                        "PodValueIgnored",
+                        f"pod {name}: the value of its {kind} {key} is ignored (read as absent): "
+                        f"it must be {format_.what}",
+                    )
+                )
+            self._warned[ident] = (record.uid, warned | frozenset(record.ignored))
+        return tuple(found)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -414,10 +456,14 @@ class ChildCache(ListedSink):
         node_capacity: str = "",
         node_allocatable: Mapping[str, Mapping[str, Decimal]] | None = None,
         node_labels: Mapping[str, Mapping[str, str]] | None = None,
+        node_requested: NodeRequests | None = None,
         workload: QueuedWorkload | None = None,
     ) -> Observed:
+        pods = self.pods_of(namespace, job_uid)
+        requested = node_requested.requested() if node_requested is not None else {}
+        own = node_requested.held_by((namespace, pod.name) for pod in pods) if node_requested is not None else {}
         return Observed(
-            pods=self.pods_of(namespace, job_uid),
+            pods=pods,
             objects=self.objects_of(namespace, job_uid),
             unready_nodes=unready_nodes,
             progress=progress,
@@ -428,6 +474,8 @@ class ChildCache(ListedSink):
             node_capacity=node_capacity,
             node_allocatable=node_allocatable or {},
             node_labels=node_labels or {},
+            node_requested=requested,
+            own_requested=own,
             workload=workload,
         )
 
@@ -436,8 +484,8 @@ class ChildCache(ListedSink):
 
 
 class NodeCache(ListedSink):
-    """Nodes whose Ready condition is not True and since when, nodes recently deleted, and a
-    fingerprint of what the schedulable nodes offer.
+    """Nodes whose Ready condition is not True and since when, nodes recently deleted, every
+    node's labels, and what the schedulable nodes offer (their allocatable and a fingerprint).
 
     Since when a node is not ready: its Ready condition's ``lastTransitionTime`` (never later than
     when this process first saw it so), kept while the node stays not ready. A timestamp the cluster
@@ -468,7 +516,7 @@ class NodeCache(ListedSink):
         # schedulable node -> its allocatable as listed, and parsed (once per change)
         self._allocatable: dict[str, tuple[Mapping[str, Any], Mapping[str, Decimal]]] = {}
         self._allocatable_view: Mapping[str, Mapping[str, Decimal]] | None = None
-        self._labels: dict[str, dict[str, str]] = {}  # schedulable node -> its labels (topology domains)
+        self._labels: dict[str, dict[str, str]] = {}  # every existing node -> its labels (topology domains)
         self._labels_view: Mapping[str, Mapping[str, str]] | None = None
         # XOR of one digest per (node, offer): updated per node event, independent of order, so
         # the fingerprint costs O(1) however many nodes there are
@@ -507,15 +555,17 @@ class NodeCache(ListedSink):
             if known is None or known[0] != allocatable:
                 self._allocatable[name] = (dict(allocatable), capacity.parse_allocatable(allocatable))
                 self._allocatable_view = None
-            labels = body.get("metadata", {}).get("labels") or {}
-            if self._labels.get(name) != labels:
-                self._labels[name] = {shared(key) or "": shared(value) or "" for key, value in labels.items()}
-                self._labels_view = None
-        else:
-            if self._allocatable.pop(name, None) is not None:
-                self._allocatable_view = None
+        elif self._allocatable.pop(name, None) is not None:
+            self._allocatable_view = None
+        # every node's labels while it exists, Ready or not, cordoned or not: they say where pods
+        # run (their domain, their rank address), which a NotReady blip or a cordon does not change
+        labels = body.get("metadata", {}).get("labels") or {}
+        if deleted:
             if self._labels.pop(name, None) is not None:
                 self._labels_view = None
+        elif self._labels.get(name) != labels:
+            self._labels[name] = {shared(key) or "": shared(value) or "" for key, value in labels.items()}
+            self._labels_view = None
         changed = before != unready or deleted
         if changed and self._on_change is not None:
             self._on_change(name)
@@ -579,7 +629,8 @@ class NodeCache(ListedSink):
         return self._allocatable_view
 
     def labels(self) -> Mapping[str, Mapping[str, str]]:
-        """Node name -> the labels of each schedulable node (read-only)."""
+        """Node name -> the labels of every node that exists, schedulable or not (read-only):
+        where pods run is not whether new ones may go there (``allocatable`` says that)."""
         if self._labels_view is None:
             self._labels_view = MappingProxyType(dict(self._labels))
         return self._labels_view
@@ -598,6 +649,105 @@ class NodeCache(ListedSink):
             listing = f"{self._offer_digest:032x}/{self._released}"
             self._fingerprint = hashlib.sha256(listing.encode()).hexdigest()[:16] if self._offers else ""
         return self._fingerprint
+
+
+Requests = tuple[tuple[str, Decimal], ...]
+"""What one pod requests of its node, by resource (``capacity.pod_requests``), sorted."""
+
+
+class NodeRequests(ListedSink):
+    """What the pods bound to each node request, pods of every namespace and owner (other
+    tenants' included): a node's room is its allocatable less this (``Observed.node_free``).
+
+    Fed by a cluster-wide informer on the pods that have a node and have not finished (a field
+    selector, so finished pods never cross the wire); a pod that finishes or goes is dropped. Per
+    pod it keeps its node and its requests (one shared tuple per distinct set, as pods of one
+    template ask alike), and each node's sum is updated per event, so nothing is summed per pass.
+
+    ``on_release()`` is called when a pod stops holding what it requested (deleted, finished).
+    """
+
+    def __init__(self, on_release: Callable[[], None] | None = None) -> None:
+        self._pods: dict[tuple[str, str], tuple[str, Requests]] = {}  # (namespace, name) -> (node, requests)
+        self._shared: dict[Requests, tuple[Requests, int]] = {}  # requests -> (one copy, pods holding it)
+        self._totals: dict[str, dict[str, Decimal]] = {}  # node -> what its pods request (replaced, never changed)
+        self._counts: dict[str, int] = {}  # node -> its pods
+        self._view: Mapping[str, Mapping[str, Decimal]] | None = None
+        self._on_release = on_release
+
+    def observe(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        metadata = body.get("metadata") or {}
+        key = (shared(metadata.get("namespace", "")) or "", str(metadata.get("name", "")))
+        spec = body.get("spec") or {}
+        node = spec.get("nodeName")
+        phase = (body.get("status") or {}).get("phase")
+        if event_type == "DELETED" or not node or phase in ("Succeeded", "Failed"):
+            if self._drop(key) and self._on_release is not None:
+                self._on_release()
+            return
+        try:
+            parsed = capacity.pod_requests(spec)
+        except ValueError:  # the API server validates quantities: not expected
+            parsed = {}
+        requests = tuple(sorted((sys.intern(name), value) for name, value in parsed.items() if value > 0))
+        if self._pods.get(key) == (node, requests):
+            return
+        self._drop(key)
+        copy, holders = self._shared.get(requests, (requests, 0))
+        self._shared[requests] = (copy, holders + 1)
+        node = shared(node) or ""
+        self._pods[key] = (node, copy)
+        self._count(node, copy, 1)
+
+    def retain(self, kind: str, namespace: str | None, listed: Set[tuple[str, str]], version: str) -> None:
+        released = False
+        for key in [key for key in self._pods if namespace in (None, key[0]) and key not in listed]:
+            released = self._drop(key) or released
+        if released and self._on_release is not None:
+            self._on_release()
+
+    def _drop(self, key: tuple[str, str]) -> bool:
+        held = self._pods.pop(key, None)
+        if held is None:
+            return False
+        node, requests = held
+        copy, holders = self._shared[requests]
+        if holders > 1:
+            self._shared[requests] = (copy, holders - 1)
+        else:
+            del self._shared[requests]
+        self._count(node, requests, -1)
+        return True
+
+    def _count(self, node: str, requests: Requests, sign: int) -> None:
+        pods = self._counts.get(node, 0) + sign
+        if pods:
+            total = dict(self._totals.get(node, {}))  # a new dict: views handed out never change
+            for name, value in requests:
+                total[name] = total.get(name, Decimal(0)) + sign * value
+            self._totals[node] = total
+            self._counts[node] = pods
+        else:
+            self._totals.pop(node, None)
+            self._counts.pop(node, None)
+        self._view = None
+
+    def requested(self) -> Mapping[str, Mapping[str, Decimal]]:
+        """Node -> what the pods bound to it request (rebuilt only after a change; read-only)."""
+        if self._view is None:
+            self._view = MappingProxyType(dict(self._totals))
+        return self._view
+
+    def held_by(self, pods: Iterable[tuple[str, str]]) -> dict[str, dict[str, Decimal]]:
+        """Node -> what these pods ((namespace, name)) bound to it request."""
+        held: dict[str, dict[str, Decimal]] = {}
+        for key in pods:
+            known = self._pods.get(key)
+            if known is not None:
+                total = held.setdefault(known[0], {})
+                for name, value in known[1]:
+                    total[name] = total.get(name, Decimal(0)) + value
+        return held
 
 
 def _unready_since(condition: Mapping[str, Any] | None, now: datetime) -> datetime:

@@ -2,24 +2,28 @@
 
 Every worker's local rank 0 serves ``phalanx.worker`` metrics on its ``phalanx-metrics`` container
 port; the rendezvous store pod serves, on its own, whether a rank recorded that training
-completed. Every ``interval`` seconds the poller scrapes, for each job that trains, one ready
-worker (the lowest index of the current attempt) and the store, over plain HTTP; it keeps the
-result per job and wakes the job when it changed, so the planner writes
+completed. The poller scrapes, for each job that trains, one ready worker (the lowest index of the
+current attempt) and the store, over plain HTTP, every ``interval`` seconds on a timer of the job's
+own, a bounded number of jobs at once, taking turns by namespace; it keeps the result per job and
+wakes the job when it changed, so the planner writes
 ``status.workers.worldSize`` and ``status.lastCheckpoint``, and ends a completed job. No RBAC and
 no code in the training pod are needed; the operator must reach pod IPs on that port (a
 NetworkPolicy that blocks it only leaves those fields out).
 
 A pod's answer is never trusted: values that are not finite, negative or absurd are dropped,
 and whatever goes wrong scraping one pod costs that job its fields and nothing else. The poll
-loop itself survives any error, so one bad endpoint never stops progress for every job. A page
+loop itself survives any error, so one bad endpoint never stops progress for every job, and a slow
+or silent one holds a single slot for one timeout: other jobs' scrapes never wait for it. A page
 is read only as sent (identity encoding: a compressed answer is refused, never inflated), only
 up to ``MAX_PAGE_BYTES``, and only its lines of the few series read here are parsed, in a thread;
 redirects are not followed, and a pod on its node's network is never scraped (its port is the
 node's). A completion record counts only for the job whose UID it names (``Completion.job_uid``).
 
-A sample says when its reporter last answered: the planner judges hangs only on fresh ones, so a
-reporter that stops answering (a NetworkPolicy, a port taken after a restart, a network blip) is
-never taken for a hang; each unanswered scrape counts in ``phalanx_job_progress_scrape_failures_total``.
+A sample says when the scrape that read it was sent (the count held at least until then): the
+planner judges a hang only on a fresh sample scraped after the deadline ran out, so a reporter that
+stops answering (a NetworkPolicy, a port taken after a restart, a network blip) or a scrape that
+came late is never taken for a hang; each unanswered scrape counts in
+``phalanx_job_progress_scrape_failures_total``.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from __future__ import annotations
 import asyncio
 import io
 import ipaddress
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -209,9 +215,37 @@ def _content(sample: WorkerProgress) -> WorkerProgress:
     return replace(sample, scraped_at=None, fresh_until=None, unanswered=0)
 
 
+def _progress_deadline(body: dict[str, Any]) -> float | None:
+    """The job's ``failurePolicy.progressDeadlineSeconds`` (None: no hang detection), read only to
+    wake the job with the sample that can judge it; the verdict is the planner's."""
+    spec = body.get("spec")
+    policy = spec.get("failurePolicy") if isinstance(spec, dict) else None
+    value = policy.get("progressDeadlineSeconds") if isinstance(policy, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        return None
+    return float(value)
+
+
+def _first_past_deadline(before: WorkerProgress, now: WorkerProgress, deadline: float | None) -> bool:
+    """Whether ``now`` is the first sample of an unchanged count scraped after its deadline ran
+    out: the one hang detection can judge (an earlier one shows the count before the deadline)."""
+    if deadline is None or now.stepped_since is None or now.scraped_at is None or before.scraped_at is None:
+        return False
+    due = now.stepped_since + timedelta(seconds=deadline)
+    return before.scraped_at < due <= now.scraped_at
+
+
 class ProgressPoller:
-    """Scrapes one worker and the store per training job; ``get``/``completion`` are what the
-    planner sees."""
+    """Scrapes one worker and the store per training job, each job on a timer of its own;
+    ``get``/``completion`` are what the planner sees.
+
+    A job is due ``interval`` after its last scrape began. At most ``concurrency`` jobs are scraped
+    at once: a slot that frees goes to the namespace served least recently among those with a job
+    due (round robin: one namespace's many jobs never starve another's), and there to a job whose
+    endpoints answered last time before one not heard yet or silent, then to the job due longest. Every
+    request has its own ``timeout``: an endpoint that never answers holds one slot for that long
+    and moves no other job's timer.
+    """
 
     def __init__(
         self,
@@ -233,9 +267,18 @@ class ProgressPoller:
         self._default_port = default_port
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._timeout_seconds = timeout
-        self._slots = asyncio.Semaphore(concurrency)
+        self._concurrency = max(1, concurrency)
         self._latest: dict[JobKey, WorkerProgress] = {}
         self._completed: dict[JobKey, Completion] = {}
+        self._due: dict[JobKey, float] = {}
+        """When (event loop time) each training job is to be scraped next."""
+        self._running: dict[JobKey, asyncio.Task[None]] = {}
+        self._answering: set[JobKey] = set()
+        """Jobs whose last scrape got a readable answer from their worker and store."""
+        self._served: dict[str, int] = {}
+        """The turn in which each namespace last got a slot."""
+        self._turns = itertools.count()
+        self._next_scan = -math.inf
         self._session: aiohttp.ClientSession | None = None
         self.errors = 0
 
@@ -248,6 +291,8 @@ class ProgressPoller:
     def forget(self, key: JobKey) -> None:
         self._latest.pop(key, None)
         self._completed.pop(key, None)
+        self._due.pop(key, None)
+        self._answering.discard(key)
 
     async def __aenter__(self) -> ProgressPoller:
         # Bodies as sent: a small compressed answer must never be inflated in this process.
@@ -260,39 +305,124 @@ class ProgressPoller:
             self._session = None
 
     async def run(self) -> None:
-        """Poll until cancelled; an error in one round is logged and the next round comes."""
+        """Scrape each training job on its timer until cancelled; an error is logged and the
+        timers go on."""
         async with self:
-            while True:
-                try:
-                    await self.poll_once()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    self.errors += 1
-                    logger.exception("progress poll failed; polling again in %.0fs", self.interval)
-                await asyncio.sleep(self.interval)
+            try:
+                while True:
+                    try:
+                        wait = self._tick(asyncio.get_running_loop().time())
+                    except Exception:
+                        self.errors += 1
+                        logger.exception("progress poller failed; going on in %.0fs", self.interval)
+                        wait = self.interval
+                    await self._settle(wait)
+            finally:
+                for task in self._running.values():
+                    task.cancel()
+                await asyncio.gather(*self._running.values(), return_exceptions=True)
+                self._running.clear()
 
     async def poll_once(self) -> None:
-        """Scrape every training job's reporting worker and store once (inside ``async with``)."""
-        scrapes = []
-        for key in self._jobs.keys():  # noqa: SIM118 - JobCache, not a dict
-            body = self._jobs.get(key) or {}
-            status = body.get("status") or {}
+        """Scrape every training job once now, whatever its timer says, through the same slots
+        (inside ``async with``)."""
+        now = asyncio.get_running_loop().time()
+        self._scan(now)
+        for key in self._due:
+            self._due[key] = now
+        self._start_due(now)
+        while self._running:
+            await self._settle(math.inf)
+            self._start_due(now)
+
+    def _tick(self, now: float) -> float:
+        """Start the scrapes that are due and have a slot; the seconds until there is more to do
+        (a timer due, new jobs to look for), unless a scrape ends first."""
+        if now >= self._next_scan:
+            self._scan(now)
+        self._start_due(now)
+        until = self._next_scan
+        if len(self._running) < self._concurrency:
+            until = min([until, *(due for key, due in self._due.items() if key not in self._running)])
+        return max(0.0, until - now)
+
+    async def _settle(self, seconds: float) -> None:
+        """Wait ``seconds`` or until a scrape ends, and let go of the scrapes that ended."""
+        if self._running:
+            await asyncio.wait(
+                self._running.values(),
+                timeout=None if seconds == math.inf else seconds,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        elif seconds != math.inf:
+            await asyncio.sleep(seconds)
+        self._running = {key: task for key, task in self._running.items() if not task.done()}
+
+    def _scan(self, now: float) -> None:
+        """A timer, due at once, for each job that came to train; none for jobs that stopped."""
+        training = {
+            key
+            for key in self._jobs.keys()  # noqa: SIM118 - JobCache, not a dict
+            if ((self._jobs.get(key) or {}).get("status") or {}).get("phase") in STORE_SCRAPED
+        }
+        for key in self._due.keys() - training:
+            del self._due[key]
+            self._answering.discard(key)
+        for key in training:
+            self._due.setdefault(key, now)
+        self._next_scan = now + self.interval
+
+    def _start_due(self, now: float) -> None:
+        """Give free slots to jobs due by ``now``, fairly (see the class)."""
+        free = self._concurrency - len(self._running)
+        if free <= 0:
+            return
+        waiting: dict[str, list[tuple[bool, float, JobKey]]] = {}
+        for key, due in self._due.items():
+            if due <= now and key not in self._running:
+                waiting.setdefault(key[0], []).append((key not in self._answering, due, key))
+        queues = [sorted(waiting[namespace]) for namespace in sorted(waiting, key=self._last_served)]
+        chosen: list[JobKey] = []
+        for rank in range(max(map(len, queues), default=0)):  # one job of each namespace in turn
+            chosen += [queue[rank][2] for queue in queues if rank < len(queue)]
+            if len(chosen) >= free:
+                break
+        for key in chosen[:free]:
+            self._served[key[0]] = next(self._turns)
+            self._due[key] = asyncio.get_running_loop().time() + self.interval
+            self._running[key] = asyncio.create_task(self._scrape_job(key), name=f"progress of {key[0]}/{key[1]}")
+
+    def _last_served(self, namespace: str) -> tuple[int, str]:
+        return self._served.get(namespace, -1), namespace
+
+    async def _scrape_job(self, key: JobKey) -> None:
+        """One job's reporting worker and store, as the caches show the job now."""
+        try:
+            body = self._jobs.get(key)
+            status = (body or {}).get("status") or {}
             phase = status.get("phase")
-            if phase not in STORE_SCRAPED:
-                continue
+            if body is None or phase not in STORE_SCRAPED:
+                return
             try:
                 attempt = int(status.get("attempt") or 0)
             except (TypeError, ValueError):
-                continue
+                return
             pods = self._children.pods_of(key[0], str(body["metadata"].get("uid", "")))
             worker = reporting_worker(pods, attempt) if phase in TRAINING else None
-            if worker is not None:
-                scrapes.append(self._scrape_worker(key, worker, attempt))
             store = _store(pods)
+            scrapes = []
+            if worker is not None:
+                scrapes.append(self._scrape_worker(key, worker, attempt, _progress_deadline(body)))
             if store is not None:
                 scrapes.append(self._scrape_store(key, store))
-        await asyncio.gather(*scrapes)
+            answered = await asyncio.gather(*scrapes)
+            if key in self._due and all(answered):
+                self._answering.add(key)
+            else:
+                self._answering.discard(key)
+        except Exception:  # one job's scrape never stops the others'
+            self.errors += 1
+            logger.exception("progress scrape of %s/%s failed", *key)
 
     async def _fetch(self, pod: PodRecord) -> str | None:
         """The pod's page, or None when it gives no readable one (ProgressError: a hostile one)."""
@@ -300,22 +430,25 @@ class ProgressPoller:
         url = metrics_url(pod, pod.metrics_port or self._default_port)
         if url is None:
             return None
-        async with self._slots:
-            try:
-                async with self._session.get(
-                    url, headers={"Accept-Encoding": "identity"}, allow_redirects=False
-                ) as response:
-                    if response.status != 200:
-                        return None
-                    return await read_page(response)
-            except (aiohttp.ClientError, TimeoutError, OSError) as error:
-                logger.debug("no metrics from %s (%s): %s", pod.name, url, error)
-                return None
+        try:
+            async with self._session.get(
+                url, headers={"Accept-Encoding": "identity"}, allow_redirects=False
+            ) as response:
+                if response.status != 200:
+                    return None
+                return await read_page(response)
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            logger.debug("no metrics from %s (%s): %s", pod.name, url, error)
+            return None
 
     def _unanswered(self, key: JobKey, target: str) -> None:
         metrics.PROGRESS_SCRAPE_FAILURES.labels(key[0], key[1], target).inc()
 
-    async def _scrape_worker(self, key: JobKey, pod: PodRecord, attempt: int) -> None:
+    async def _scrape_worker(self, key: JobKey, pod: PodRecord, attempt: int, deadline: float | None) -> bool:
+        """File what the worker says; whether it answered readably."""
+        # The page shows the worker as of some moment after the request left: a count read in it
+        # held at least until then (``scraped_at``), and changed no later than the answer came.
+        sent = self._clock()
         try:
             text = await self._fetch(pod)
             progress = await asyncio.to_thread(parse_progress, text, attempt) if text is not None else None
@@ -324,38 +457,47 @@ class ProgressPoller:
             logger.warning("unreadable metrics from %s: %s", pod.name, error)
             progress = None
         if self._jobs.get(key) is None:
-            return  # deleted while its worker was asked: keep nothing of it
+            return True  # deleted while its worker was asked: keep nothing of it
         before = self._latest.get(key)
         if progress is None:
             self._unanswered(key, "worker")
             if before is not None and before.reporter == pod.uid:
                 self._keep(key, before, replace(before, unanswered=before.unanswered + 1))
-            return
-        now = self._clock()
+            return False
         progress = replace(
             progress,
             reporter=pod.uid,
-            scraped_at=now,
-            fresh_until=now + timedelta(seconds=FRESH_INTERVALS * self.interval + self._timeout_seconds),
+            scraped_at=sent,
+            fresh_until=sent + timedelta(seconds=FRESH_INTERVALS * self.interval + self._timeout_seconds),
         )
-        self._keep(key, before, self._with_step_clock(before, progress))
+        self._keep(key, before, self._with_step_clock(before, progress, seen=self._clock()), deadline)
+        return True
 
-    def _keep(self, key: JobKey, before: WorkerProgress | None, now: WorkerProgress) -> None:
+    def _keep(
+        self, key: JobKey, before: WorkerProgress | None, now: WorkerProgress, deadline: float | None = None
+    ) -> None:
         """File a sample; wake the job when it says something new. A newer answer with the same
-        content wakes nobody, but the one that ends a silence does: the planner waits for fresh
-        samples to judge a hang (and its own requeue brings it back at the deadline otherwise)."""
+        content wakes nobody, but the one that ends a silence does, and so does the first one
+        scraped after the count's deadline ran out: the planner judges a hang only on fresh
+        samples taken after the deadline (and its own requeue brings it back otherwise)."""
         self._latest[key] = now
-        if before is None or _content(before) != _content(now) or self._stale(before) != self._stale(now):
+        if (
+            before is None
+            or _content(before) != _content(now)
+            or self._stale(before) != self._stale(now)
+            or _first_past_deadline(before, now, deadline)
+        ):
             self._wake(key)
 
     def _stale(self, sample: WorkerProgress) -> bool:
         return sample.fresh_until is None or self._clock() > sample.fresh_until
 
-    def _with_step_clock(self, before: WorkerProgress | None, now: WorkerProgress) -> WorkerProgress:
-        """Keep when the step count was first seen at its value; any change (a new step, another
-        reporting pod or attempt, a restarted process whose counter began again) restarts that clock.
-        A clock never starts before this process first saw the count, so an operator restart can
-        only delay a NoProgress verdict, never hasten it."""
+    def _with_step_clock(self, before: WorkerProgress | None, now: WorkerProgress, *, seen: datetime) -> WorkerProgress:
+        """Keep when the step count was first seen at its value (``seen``: when the answer came,
+        the latest the count can have changed); any change (a new step, another reporting pod or
+        attempt, a restarted process whose counter began again) restarts that clock. A clock never
+        starts before this process first saw the count, so an operator restart can only delay a
+        NoProgress verdict, never hasten it."""
         if now.steps is None:
             return now
         same = before is not None and (before.attempt, before.reporter, before.steps) == (
@@ -363,9 +505,10 @@ class ProgressPoller:
             now.reporter,
             now.steps,
         )
-        return replace(now, stepped_since=before.stepped_since if same and before is not None else self._clock())
+        return replace(now, stepped_since=before.stepped_since if same and before is not None else seen)
 
-    async def _scrape_store(self, key: JobKey, pod: PodRecord) -> None:
+    async def _scrape_store(self, key: JobKey, pod: PodRecord) -> bool:
+        """File what the store says about completion; whether it answered readably."""
         try:
             text = await self._fetch(pod)
             completion = await asyncio.to_thread(parse_completion, text) if text is not None else None
@@ -374,10 +517,11 @@ class ProgressPoller:
             logger.warning("unreadable status from %s: %s", pod.name, error)
             text = completion = None
         if self._jobs.get(key) is None:
-            return  # deleted meanwhile: no series of it comes back
+            return True  # deleted meanwhile: no series of it comes back
         if text is None:
             self._unanswered(key, "store")
-            return
+            return False
         if completion is not None and self._completed.get(key) != completion:
             self._completed[key] = completion
             self._wake(key)
+        return True

@@ -18,8 +18,18 @@ from dataclasses import dataclass, field, replace
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
+from phalanx.api.admission import DNS_1123_SUBDOMAIN, DNS_1123_SUBDOMAIN_MESSAGE
 from phalanx.cluster.apply import Execution, RefusalMemory, StatusPacer
-from phalanx.cluster.cache import ChildCache, DeviceCache, JobCache, JobKey, NodeCache, WorkloadCache, with_devices
+from phalanx.cluster.cache import (
+    ChildCache,
+    DeviceCache,
+    JobCache,
+    JobKey,
+    NodeCache,
+    NodeRequests,
+    WorkloadCache,
+    with_devices,
+)
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource
@@ -33,6 +43,7 @@ JOB_NETWORK_POLICY = "PHALANX_JOB_NETWORK_POLICY"
 JOB_NETWORK_POLICY_SCRAPERS = "PHALANX_JOB_NETWORK_POLICY_SCRAPERS"
 NODE_LOST_GRACE = "PHALANX_NODE_LOST_GRACE_SECONDS"
 FORCE_DELETE_ON_NODE_LOST = "PHALANX_FORCE_DELETE_ON_NODE_LOST"
+SPARE_PRIORITY_CLASS = "PHALANX_SPARE_PRIORITY_CLASS"
 
 TRAINING_JOBS = Resource(api.API_VERSION, api.PLURAL, api.KIND)
 PODS = Resource("v1", "pods", "Pod")
@@ -40,6 +51,9 @@ SERVICES = Resource("v1", "services", "Service")
 COSCHEDULING_POD_GROUPS = Resource("scheduling.x-k8s.io/v1alpha1", "podgroups", "PodGroup")
 VOLCANO_POD_GROUPS = Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup")
 NODES = Resource("v1", "nodes", "Node", namespaced=False)
+# every namespace's pods as one cluster-wide view (what they request of their nodes), not a scope of jobs
+BOUND_PODS = Resource("v1", "pods", "Pod", namespaced=False)
+BOUND_PODS_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 KUEUE_WORKLOADS = Resource("kueue.x-k8s.io/v1beta2", "workloads", "Workload")
 NETWORK_POLICIES = Resource(desired.NETWORK_POLICY_API, "networkpolicies", "NetworkPolicy")
 ENDPOINT_SLICES = Resource(desired.ENDPOINT_SLICE_API, "endpointslices", "EndpointSlice")
@@ -82,6 +96,18 @@ def node_loss_settings() -> tuple[float, bool]:
     return grace, os.environ.get(FORCE_DELETE_ON_NODE_LOST, "0") == "1"
 
 
+def spare_priority_class() -> str | None:
+    """The PriorityClass warm spares get so that they rank below workers (``desired.spare_pod``):
+    PHALANX_SPARE_PRIORITY_CLASS, which the chart sets to the class it installs; unset or empty:
+    none, spares take the workers' class. A name the API server would refuse keeps the operator
+    from starting (every spare would be refused)."""
+    name = os.environ.get(SPARE_PRIORITY_CLASS, "").strip()
+    if name and (len(name) > 253 or not DNS_1123_SUBDOMAIN.match(name)):
+        why = DNS_1123_SUBDOMAIN_MESSAGE
+        raise ValueError(f"{SPARE_PRIORITY_CLASS} {name[:253]!r} is no PriorityClass name: {why}")
+    return name or None
+
+
 @dataclass
 class Runtime:
     """Client, caches, informers and the work queue of one operator process."""
@@ -91,6 +117,7 @@ class Runtime:
     jobs: JobCache = field(default_factory=JobCache)
     children: ChildCache = field(default_factory=ChildCache)
     nodes: NodeCache = field(default_factory=NodeCache)
+    requests: NodeRequests = field(default_factory=NodeRequests)
     workloads: WorkloadCache = field(default_factory=WorkloadCache)
     devices: DeviceCache = field(default_factory=DeviceCache)
     refusals: RefusalMemory = field(default_factory=RefusalMemory)
@@ -100,6 +127,7 @@ class Runtime:
     informers: list[Informer] = field(default_factory=list)
     node_lost_grace_seconds: float = NODE_LOST_GRACE_SECONDS
     force_delete_on_node_lost: bool = False
+    spare_priority_class: str | None = None  # PHALANX_SPARE_PRIORITY_CLASS
     events: EventRecorder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -119,9 +147,11 @@ class Runtime:
         """Build the caches and the informers that feed them (not yet running)."""
         runtime = cls(client=client, queue=queue, isolation=isolation or job_isolation())
         runtime.node_lost_grace_seconds, runtime.force_delete_on_node_lost = node_loss_settings()
+        runtime.spare_priority_class = spare_priority_class()
         runtime.jobs = JobCache(on_change=runtime._job_changed)
         runtime.children = ChildCache(on_change=runtime._child_changed, on_pod_gone=runtime._pod_gone)
         runtime.nodes = NodeCache(on_change=runtime._node_changed, on_capacity=runtime._capacity_changed)
+        runtime.requests = NodeRequests(on_release=runtime._capacity_changed)
         runtime.workloads = WorkloadCache(on_change=runtime._workload_changed)
         runtime.devices = DeviceCache(on_capacity=runtime._capacity_changed)
         owned = naming.JOB_NAME_LABEL  # only our children cross the wire
@@ -152,16 +182,19 @@ class Runtime:
                     )
                 )
         if watch_nodes:
-            for resource, cluster_sink in (
-                (NODES, runtime.nodes),
-                (RESOURCE_SLICES, runtime.devices),  # DRA devices, for the capacity judgement
-                (DEVICE_CLASSES, runtime.devices),
+            for resource, cluster_sink, fields in (
+                (NODES, runtime.nodes, None),
+                (RESOURCE_SLICES, runtime.devices, None),  # DRA devices, for the capacity judgement
+                (DEVICE_CLASSES, runtime.devices, None),
+                # what every tenant's pods hold of their nodes, for placement by topology
+                (BOUND_PODS, runtime.requests, BOUND_PODS_SELECTOR),
             ):
                 runtime.informers.append(
                     Informer(
                         client,
                         resource,
                         cluster_sink,
+                        field_selector=fields,
                         watch_seconds=watch_seconds,
                         on_change=runtime._informer_changed,
                         optional=True,
@@ -288,6 +321,7 @@ class Runtime:
             node_capacity=self.capacity(),
             node_allocatable=with_devices(self.nodes.allocatable(), self.devices.per_node()),
             node_labels=self.nodes.labels(),
+            node_requested=self.requests,
             workload=self.workloads.get(
                 job.metadata.namespace, naming.kueue_group_name(job.metadata.name, job.status.attempt)
             )
@@ -305,6 +339,7 @@ class Runtime:
             node_loss=node_loss,
             retry_batch=self.refusals.batch(job.metadata.uid),
             isolation=self.isolation,
+            spare_priority_class=self.spare_priority_class,
         )
 
     def execution(self) -> Execution:

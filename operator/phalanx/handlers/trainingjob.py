@@ -61,6 +61,9 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
             await execute(planner.unparsable(body, message, now), run, job=body, now=now)
             return None
         observed = runtime.observe(job)
+        # tenant-edited values the records left out: said once, by the replica that leads
+        for warning in runtime.children.take_ignored_values(job.metadata.namespace, job.metadata.uid):
+            run.events.record(body, warning, now)
         plan = planner.plan(job, observed, now)
         try:
             held = await execute(plan, run, job=body, now=now)

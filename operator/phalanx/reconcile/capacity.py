@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.quantity import QuantityError, format_quantity, parse_quantity
 
 
@@ -28,6 +29,48 @@ def parse_allocatable(node: Mapping[str, str]) -> dict[str, Decimal]:
         except QuantityError:
             continue
     return parsed
+
+
+def _container_requests(container: Mapping[str, Any], field: str) -> dict[str, Decimal]:
+    resources = container.get("resources") or {}
+    requests = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    parsed = {}
+    for name, value in requests.items():
+        try:
+            parsed[name] = parse_quantity(value)
+        except QuantityError as error:
+            raise PlanningError(f"{field}.resources", f"{value!r} is not a quantity") from error
+    return parsed
+
+
+def _add(total: dict[str, Decimal], more: Mapping[str, Decimal]) -> None:
+    for name, value in more.items():
+        total[name] = total.get(name, Decimal(0)) + value
+
+
+def pod_requests(pod_spec: Mapping[str, Any], field: str = "spec.template.spec") -> dict[str, Decimal]:
+    """What a pod asks of its node, as the scheduler sums it: its containers' requests (limits
+    stand in for missing ones), at least what each init container asks while the sidecars started
+    before it run (restartPolicy Always: they run beside the containers too), plus the pod's
+    overhead. A quantity that does not parse is a PlanningError naming ``field``'s container."""
+    running: dict[str, Decimal] = {}
+    for index, container in enumerate(pod_spec.get("containers") or []):
+        _add(running, _container_requests(container, f"{field}.containers[{index}]"))
+    sidecars: dict[str, Decimal] = {}
+    starting: dict[str, Decimal] = {}  # the most any init container needs while it runs
+    for index, container in enumerate(pod_spec.get("initContainers") or []):
+        requests = _container_requests(container, f"{field}.initContainers[{index}]")
+        if container.get("restartPolicy") == "Always":  # a sidecar: runs on beside what follows
+            _add(sidecars, requests)
+            requests = dict(sidecars)
+        else:
+            _add(requests, sidecars)
+        for name, value in requests.items():
+            starting[name] = max(starting.get(name, Decimal(0)), value)
+    _add(running, sidecars)
+    total = {name: max(running.get(name, Decimal(0)), starting.get(name, Decimal(0))) for name in {*running, *starting}}
+    _add(total, parse_allocatable(pod_spec.get("overhead") or {}))
+    return total
 
 
 def workers_that_fit(per_worker: Mapping[str, Decimal], nodes: Iterable[Mapping[str, Decimal]]) -> int:

@@ -6,9 +6,11 @@ them in one function whose order is the order of precedence:
 
 1. a finished job winds down and waits for its TTL (``after_finish``);
 2. a spec that cannot be planned stalls a running job, or fails one that runs nothing (``invalid``);
+   one that can no longer have spares is planned without them once the job has trained (``Stalled``
+   says why), so an edit never freezes its failure handling;
 3. suspension; resumption starts a new attempt;
 4. nodes: pods no kubelet can stop are force-deleted (``watch_nodes``); pods of old attempts go,
-   except those an in-place gang restart keeps (``Context.keeps``), which are moved to the
+   except those an in-place gang restart keeps (``Context.still_keeps``), which are moved to the
    current attempt (by ``gang_restart`` itself when nothing is waited for; here once the backoff
    has passed and an old store is gone);
 5. completion, then the active deadline;
@@ -38,7 +40,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import creation, desired, naming, restarts, spares, topology
+from phalanx.reconcile import creation, desired, naming, restarts, slots, spares, topology
 from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
 from phalanx.reconcile.creation import Wanted
 from phalanx.reconcile.decision import Context, Decision, Memory, Step, concluded, finish, wind_down
@@ -63,12 +65,47 @@ def decide(job: api.TrainingJob, observed: Observed, now: datetime) -> Decision:
         return after_finish(context, memory)
     try:
         launch = resolve_launch(context.spec)
-        if context.spec.workers.spares and (refusal := desired.spares_refusal(context.spec, launch)):
+        refusal = desired.spares_refusal(context.spec, launch) if context.spec.workers.spares else ""
+        trained = memory.start_time is not None or any(pod.active for pod in context.observed.workers())
+        if refusal and not trained:
             raise PlanningError("spec.workers.spares", refusal)
+        if refusal:  # made impossible mid-run (an edit): train on without spares, not frozen as ``invalid``
+            context = replace(context, job=without_spares(context.job))
         decision = decide_active(replace(context, in_place=launch.supervised), memory, launch)
     except PlanningError as error:
         return invalid(context, memory, str(error))
-    return replace(decision, restart_mode=launch.restart_mode)
+    if refusal and decision.stall is None and decision.view.phase not in TERMINAL:
+        decision = replace(
+            decision, stall=("InvalidSpec", f"spec.workers.spares: {refusal}; training on without spares")
+        )
+    return replace(recording_removals(context, decision), restart_mode=launch.restart_mode)
+
+
+def recording_removals(context: Context, decision: Decision) -> Decision:
+    """The workers of the attempt that this pass deletes while the job goes on (a scale-down's
+    surplus, a moved gang's unplaced pods) recorded in status, which is written before any
+    deletion: a pod stopping or gone for the operator's own reasons is never taken for one deleted
+    from outside (``handle_failures``), whatever happens to the operator in between. Failures are
+    recorded as counted instead, and pods of older attempts are told apart by their attempt."""
+    memory = decision.memory
+    if decision.view.phase in (*TERMINAL, "Suspended"):
+        return decision  # nothing of the attempt goes on
+    deleted = {deletion.name for deletion in decision.actions.delete if deletion.kind == "Pod"}
+    removed = [
+        pod
+        for pod in context.observed.workers()
+        if pod.name in deleted
+        and pod.attempt == memory.attempt
+        and not pod.deleting  # already on its way: forced now, not deleted by this pass
+        and not memory.already_counted(pod)
+    ]
+    return replace(decision, memory=memory.removing(removed)) if removed else decision
+
+
+def without_spares(job: api.TrainingJob) -> api.TrainingJob:
+    """The job as planned when its spec can no longer have spares: its spare pods go, and no new one comes."""
+    workers = job.spec.workers.model_copy(update={"spares": 0})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"workers": workers})})
 
 
 def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
@@ -99,8 +136,11 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
     current = [pod for pod in workers if pod.attempt == memory.attempt]
     stale = [pod for pod in workers if pod.attempt != memory.attempt]
     # kept through an in-place gang restart: moved to the current attempt below, never deleted
-    moving = [pod for pod in stale if (pod.attempt or 0) < memory.attempt and context.keeps(pod, memory)]
+    moving = [pod for pod in stale if (pod.attempt or 0) < memory.attempt and context.still_keeps(pod, memory)]
     actions += context.removing(pod for pod in stale if pod not in moving)
+    current, duplicates = slots.one_pod_per_slot(context, current)
+    actions += duplicates
+    memory = replace(memory, claims=slots.standing(context, memory, current))
 
     completed = completion(context, memory, current)
     if completed is not None:
@@ -125,12 +165,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         return Decision(PhaseView("Pending", reason, message), memory, actions, stall=(reason, message))
     placed = topology.place(context, memory, launch, current)
     if placed.room is not None and placed.domain != memory.domain and spec.placement and spec.placement.topology:
-        message = topology.placed_message(spec.placement.topology.key, placed.room)
-        if placed.left is not None:
-            message += (
-                f"; moved from {placed.left}, where none of the gang found room for {topology.PATIENCE_SECONDS:.0f}s"
-            )
-        actions += event("Normal", "Placed", message)
+        actions += event("Normal", "Placed", topology.placed_message(spec.placement.topology.key, placed))
     memory = replace(memory, domain=placed.domain)
     if placed.domain is not None:
         # unplaced pods pinned to another domain (the gang moved; again after a SIGKILL between the
@@ -157,7 +192,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         """The pass ends before workers: only the objects wanted so far are written; spares are
         tended (a failed one recorded, extra ones removed) but none is created."""
         writes = creation.writes(wanted, observed, job.metadata.uid, context.now)
-        tended = spares.upkeep(context, memory, launch, current, promoted=promoted, may_create=False)
+        tended = spares.upkeep(context, memory, launch, promoted=promoted, may_create=False)
         return Decision(
             view,
             tended.memory,
@@ -233,9 +268,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         wanted.extend(Wanted(worker, create_only=True) for worker in scaled.slots)
         actions += scaled.actions
         rescaled = scaled.rescaled
-        kept_spares = spares.upkeep(
-            context, memory, launch, current, promoted=scaled.promoted, may_create=not scaled.slots
-        )
+        kept_spares = spares.upkeep(context, memory, launch, promoted=scaled.promoted, may_create=scaled.placed)
         memory = kept_spares.memory
         wanted.extend(Wanted(spare, create_only=True) for spare in kept_spares.create)
         actions += kept_spares.actions

@@ -32,6 +32,17 @@ class Avoidance:
 
 
 @dataclass(frozen=True)
+class SlotClaim:
+    """Slot ``index`` of ``attempt`` is the promoted spare ``pod``'s (UID ``uid``; status.slotClaims,
+    ``slots``)."""
+
+    index: int
+    pod: str
+    uid: str
+    attempt: int
+
+
+@dataclass(frozen=True)
 class Memory:
     """The part of status that carries over between passes."""
 
@@ -50,6 +61,10 @@ class Memory:
     failed_at: str | None = None
     domain: str | None = None
     """The topology domain the workers are placed in (status.placement.domain; ``topology.place``)."""
+    removed: frozenset[str] = frozenset()
+    """UIDs of workers of the attempt the operator deleted itself (status.removedWorkers)."""
+    claims: tuple[SlotClaim, ...] = ()
+    """Slots promoted spares hold (status.slotClaims; ``slots``)."""
 
     @classmethod
     def of(cls, status: api.TrainingJobStatus) -> Memory:
@@ -68,6 +83,10 @@ class Memory:
             reached=status.recomputed_steps.reached if status.recomputed_steps else None,
             failed_at=status.recomputed_steps.failed_at if status.recomputed_steps else None,
             domain=status.placement.domain if status.placement else None,
+            removed=frozenset(status.removed_workers or ()),
+            claims=tuple(
+                SlotClaim(claim.index, claim.pod, claim.uid, claim.attempt) for claim in status.slot_claims or ()
+            ),
         )
 
     def counting(self, failure: Failure, pods: Iterable[PodRecord]) -> Memory:
@@ -83,6 +102,15 @@ class Memory:
 
     def already_counted(self, pod: PodRecord) -> bool:
         return bool(pod.uid) and pod.uid in self.counted
+
+    def removing(self, pods: Iterable[PodRecord]) -> Memory:
+        """Workers the operator deletes itself, recorded (in the status write that comes before
+        the deletions): their going is no loss (``removed_itself``)."""
+        return replace(self, removed=self.removed | {pod.uid for pod in pods if pod.uid})
+
+    def removed_itself(self, pod: PodRecord) -> bool:
+        """Whether the operator deleted this pod itself, not someone else."""
+        return bool(pod.uid) and pod.uid in self.removed
 
     def restarting_from(self, progress: WorkerProgress | None, now: datetime) -> Memory:
         """A restart is decided: remember the step the job had reached (the reporter's, as last
@@ -140,6 +168,12 @@ class Context:
         job and the pod run the supervisor, the pod runs (its trainer container has not exited, it
         is not being deleted or evicted, no failure of it was counted) on a node that is Ready and
         that the job does not avoid."""
+        return self.still_keeps(pod, memory) and pod.node_name not in self.observed.unready_nodes
+
+    def still_keeps(self, pod: PodRecord, memory: Memory) -> bool:
+        """Whether a pod a gang restart kept stays kept while it waits to be moved (the backoff, an
+        old store stopping): as ``keeps``, but a node that is not Ready loses it only once it is
+        taken for lost (``node_lost``), as for any pod of the attempt: a blip must not delete it."""
         node = pod.node_name
         return (
             self.in_place
@@ -150,8 +184,7 @@ class Context:
             and pod.disruption_reason is None
             and not memory.already_counted(pod)
             and node is not None
-            and node not in self.observed.unready_nodes
-            and node not in self.observed.node_loss.deleted
+            and self.node_lost(pod) is None
             and node not in memory.avoided_nodes
         )
 
@@ -233,7 +266,12 @@ def finish(context: Context, memory: Memory, phase: Literal["Succeeded", "Failed
     running pod is stopped."""
     # a restart whose run never comes recomputes nothing
     memory = replace(
-        memory, completion_time=format_time(context.now), restart_not_before=None, reached=None, failed_at=None
+        memory,
+        completion_time=format_time(context.now),
+        restart_not_before=None,
+        reached=None,
+        failed_at=None,
+        claims=(),
     )
     stop = wind_down(context, context.now) if phase == "Succeeded" else context.removing_active()
     kind: Literal["Normal", "Warning"] = "Normal" if phase == "Succeeded" else "Warning"

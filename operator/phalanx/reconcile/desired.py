@@ -30,7 +30,7 @@ from phalanx.reconcile.environment import (
 )
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.observed import JobIsolation
-from phalanx.reconcile.quantity import QuantityError, format_quantity, parse_quantity
+from phalanx.reconcile.quantity import format_quantity
 
 Object = dict[str, Any]
 
@@ -540,11 +540,12 @@ def worker_pod(
     avoid: Sequence[str] = (),
     spare: int | None = None,
     domain: str | None = None,
+    spare_class: str | None = None,
 ) -> Object:
     """One worker pod: the user's template plus everything elastic training needs; ``avoid``:
     nodes the job keeps off (failurePolicy.avoidNodeSeconds); ``domain``: the topology domain the
     operator placed the job in (``place_in_domain``). ``spare``: instead, the warm spare of that
-    serial (``spare_pod``)."""
+    serial, in the PriorityClass ``spare_class`` (``spare_pod``)."""
     spec = job.spec
     template = _template_spec(job)
     template_metadata = spec.template.metadata
@@ -598,6 +599,11 @@ def worker_pod(
 
     template["restartPolicy"] = "Never"
     template.setdefault("enableServiceLinks", False)
+    if spare is not None and spare_class and not template.get("priorityClassName"):
+        # the admission plugin derives both from the class, and refuses a pod whose own differ
+        template.pop("priority", None)
+        template.pop("preemptionPolicy", None)
+        template["priorityClassName"] = spare_class
     keep_off(template, avoid)
     place_in_domain(template, job, domain)
     name = naming.worker_pod_name(job.metadata.name, index)
@@ -657,11 +663,19 @@ def spare_pod(
     attempt: int,
     avoid: Sequence[str] = (),
     domain: str | None = None,
+    priority_class: str | None = None,
 ) -> Object:
     """A warm spare: a worker pod without a slot (``phalanx.dev/role: spare``, no worker index),
     whose supervisor imports what the command needs and waits to be promoted (``decide`` refuses a
-    spec that cannot have spares, ``spares_refusal``, before any is rendered)."""
-    return worker_pod(job, launch, index=0, attempt=attempt, avoid=avoid, spare=serial, domain=domain)
+    spec that cannot have spares, ``spares_refusal``, before any is rendered).
+
+    It ranks below the workers, so that a waiting spare never takes a node a worker waits for:
+    ``priority_class`` (the operator's spare class) when the template names none, its workers then
+    being at the cluster's default priority; a template's own class stays, since the operator does
+    not know its value, and none is known to be lower."""
+    return worker_pod(
+        job, launch, index=0, attempt=attempt, avoid=avoid, spare=serial, domain=domain, spare_class=priority_class
+    )
 
 
 def spares_refusal(spec: api.TrainingJobSpec, launch: Launch) -> str:
@@ -681,24 +695,9 @@ def spares_refusal(spec: api.TrainingJobSpec, launch: Launch) -> str:
     return ""
 
 
-def _pod_requests(pod_spec: dict[str, Any]) -> dict[str, Decimal]:
-    total: dict[str, Decimal] = {}
-    for index, container in enumerate(pod_spec.get("containers", [])):
-        resources = container.get("resources") or {}
-        requests = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-        for name, value in requests.items():
-            try:
-                total[name] = total.get(name, Decimal(0)) + parse_quantity(value)
-            except QuantityError as error:
-                raise PlanningError(
-                    f"spec.template.spec.containers[{index}].resources", f"{value!r} is not a quantity"
-                ) from error
-    return total
-
-
 def worker_requests(job: api.TrainingJob, launch: Launch) -> dict[str, Decimal]:
     """What one worker asks the scheduler for (limits stand in for missing requests)."""
-    return _pod_requests(worker_pod(job, launch, index=0, attempt=0)["spec"])
+    return capacity.pod_requests(worker_pod(job, launch, index=0, attempt=0)["spec"])
 
 
 def worker_demand(job: api.TrainingJob, launch: Launch) -> dict[str, Decimal]:

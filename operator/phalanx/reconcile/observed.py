@@ -3,10 +3,16 @@
 A parsed Pod dict costs tens of KiB in Python; the planner needs a dozen facts. The
 watch layer turns each event into one of these records at once and keeps only the
 record, so memory grows by a few hundred bytes per pod, not by the whole object.
+
+Worker pods are the tenant's to edit, so every label and annotation value read from one is
+checked against its format and length (``POD_LABELS``, ``POD_ANNOTATIONS``) before it enters a
+record: anything else is treated as absent, and the record names the key (``PodRecord.ignored``)
+for the cache to warn about once.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +61,9 @@ class PodRecord:
     """The ``phalanx.dev/rank-address`` annotation (``topology.rank_addresses``)."""
     domain: str | None = None
     """The ``phalanx.dev/domain`` annotation: the topology domain the operator placed the pod in."""
+    ignored: tuple[str, ...] = ()
+    """Keys of labels and annotations read from the pod whose value was too long or malformed
+    (``POD_LABELS``, ``POD_ANNOTATIONS``), each read as absent."""
 
     @property
     def finished(self) -> bool:
@@ -113,9 +122,11 @@ class WorkerProgress:
     reporter: str = ""
     """UID of the pod that reported it: another pod's counter is another count."""
     stepped_since: datetime | None = None
-    """When the operator first saw ``steps`` at its current value from this reporter (hang detection)."""
+    """When the answer that first showed ``steps`` at its current value from this reporter came
+    (hang detection): the count changed no later than that."""
     scraped_at: datetime | None = None
-    """When the reporter last answered a scrape with a readable page."""
+    """When the scrape that got the reporter's last readable page was sent: its counts held at
+    least until then (hang detection judges only a sample scraped after its deadline ran out)."""
     fresh_until: datetime | None = None
     """Past this (a few poll intervals after ``scraped_at``) the sample is no verdict on the job: the
     reporter stopped answering, and its last step count says nothing about training since."""
@@ -220,7 +231,12 @@ class Observed:
     """Node name -> allocatable resources of each schedulable node, in base units (empty when nodes
     are not watched)."""
     node_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    """Node name -> labels of each schedulable node (empty when nodes are not watched)."""
+    """Node name -> labels of every node that exists, Ready or not, cordoned or not (empty when
+    nodes are not watched): where pods run; ``node_allocatable`` says where new ones may go."""
+    node_requested: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
+    """Node name -> what the pods bound to it request, every namespace's (empty when not watched)."""
+    own_requested: Mapping[str, Mapping[str, Decimal]] = field(default_factory=dict)
+    """Node name -> what this job's own pods bound to it request (part of ``node_requested``)."""
     workload: QueuedWorkload | None = None
     """Kueue's Workload for the current attempt's pod group (gang.scheduler kueue)."""
     isolation: JobIsolation | None = None
@@ -230,6 +246,9 @@ class Observed:
     retry_batch: int = 1
     """How many pods a pass may create while creations of this job are refused: a slow start, one
     probe after a refusal, doubled as creations pass (``RefusalMemory.batch``)."""
+    spare_priority_class: str | None = None
+    """The PriorityClass the operator gives warm spares (``PHALANX_SPARE_PRIORITY_CLASS``; the chart's
+    ``phalanx-spare``), so that they rank below workers; None: spares take the workers' class."""
 
     def workers(self) -> list[PodRecord]:
         """Worker pods, any attempt."""
@@ -243,9 +262,86 @@ class Observed:
         """The rendezvous store pod, if it exists."""
         return next((pod for pod in self.pods if pod.role == naming.ROLE_RENDEZVOUS), None)
 
+    def node_free(self, node: str) -> dict[str, Decimal]:
+        """What a schedulable node has left for this job's pods: its allocatable less what other
+        pods bound to it request (never below 0). The job's own pods do not count: a gang's
+        placed workers hold their slots already, and its stopping pods make room for it."""
+        requested = self.node_requested.get(node, {})
+        own = self.own_requested.get(node, {})
+        return {
+            name: max(Decimal(0), offer - requested.get(name, Decimal(0)) + own.get(name, Decimal(0)))
+            for name, offer in self.node_allocatable.get(node, {}).items()
+        }
+
     def has(self, kind: str, name: str) -> bool:
         """Whether a Service or PodGroup exists (``kind``: its ``child_kind``)."""
         return (kind, name) in self.objects
+
+
+@dataclass(frozen=True)
+class ValueFormat:
+    """What a label or annotation value read from a pod may be: ``pattern``, at most ``limit``
+    characters (checked first, so a huge value costs no match)."""
+
+    what: str
+    pattern: re.Pattern[str]
+    limit: int
+
+    def accepts(self, value: object) -> bool:
+        return isinstance(value, str) and len(value) <= self.limit and self.pattern.fullmatch(value) is not None
+
+
+COUNT = ValueFormat("a decimal integer of at most 9 digits", re.compile(r"0|[1-9][0-9]*"), 9)
+LABEL_VALUE = ValueFormat(
+    "a label value of at most 63 characters", re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?"), 63
+)
+DNS_LABEL = ValueFormat("a DNS label of at most 63 characters", re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"), 63)
+DNS_NAME = ValueFormat(
+    "a DNS name of at most 253 characters",
+    re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"),
+    253,
+)
+
+POD_LABELS: Mapping[str, ValueFormat] = {
+    naming.ROLE_LABEL: LABEL_VALUE,
+    naming.WORKER_INDEX_LABEL: COUNT,
+    naming.ATTEMPT_LABEL: COUNT,
+}
+"""The labels read from a pod (the API server bounds labels too, not their meaning)."""
+
+POD_ANNOTATIONS: Mapping[str, ValueFormat] = {
+    naming.SPEC_HASH_ANNOTATION: LABEL_VALUE,
+    naming.KUEUE_TOTAL_COUNT_ANNOTATION: COUNT,
+    naming.CONTAINER_ANNOTATION: DNS_LABEL,
+    naming.RENDEZVOUS_ID_ANNOTATION: LABEL_VALUE,
+    naming.RANK_ADDRESS_ANNOTATION: DNS_NAME,
+    naming.DOMAIN_ANNOTATION: LABEL_VALUE,
+}
+"""The annotations read from a pod: the API server bounds only their total (256 KiB)."""
+
+OBJECT_ANNOTATIONS: Mapping[str, ValueFormat] = {
+    naming.SPEC_HASH_ANNOTATION: LABEL_VALUE,
+    naming.NODE_CAPACITY_ANNOTATION: ValueFormat(
+        "a capacity stamp of at most 64 characters", re.compile(r"[-0-9A-Za-z_.]*(@[-0-9A-Za-z:.+]*)?"), 64
+    ),
+}
+"""The annotations read from a Service or PodGroup (the operator writes them again when absent)."""
+
+
+def _checked(values: Any, formats: Mapping[str, ValueFormat], ignored: list[str]) -> dict[str, str]:
+    """The values of ``formats``' keys that have their format; the keys of the others in ``ignored``."""
+    if not isinstance(values, Mapping):
+        return {}
+    found: dict[str, str] = {}
+    for key, format_ in formats.items():
+        value = values.get(key)
+        if value is None:
+            continue
+        if format_.accepts(value):
+            found[key] = value
+        else:
+            ignored.append(key)
+    return found
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -259,8 +355,7 @@ def _condition(conditions: Iterable[Mapping[str, Any]], kind: str) -> Mapping[st
     return next((c for c in conditions if c.get("type") == kind), None)
 
 
-def _main_container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    wanted = pod.get("metadata", {}).get("annotations", {}).get(naming.CONTAINER_ANNOTATION)
+def _main_container_status(pod: Mapping[str, Any], wanted: str | None) -> Mapping[str, Any]:
     statuses: list[Mapping[str, Any]] = pod.get("status", {}).get("containerStatuses") or []
     for status in statuses:
         if status.get("name") == wanted:
@@ -292,11 +387,12 @@ def shared(value: str | None) -> str | None:
 def pod_record(pod: Mapping[str, Any]) -> PodRecord:
     """Project a Pod as the API returns it onto a PodRecord."""
     metadata = pod.get("metadata", {})
-    labels = metadata.get("labels") or {}
-    annotations = metadata.get("annotations") or {}
+    ignored: list[str] = []
+    labels = _checked(metadata.get("labels"), POD_LABELS, ignored)
+    annotations = _checked(metadata.get("annotations"), POD_ANNOTATIONS, ignored)
     status = pod.get("status") or {}
     conditions = status.get("conditions") or []
-    container = _main_container_status(pod)
+    container = _main_container_status(pod, annotations.get(naming.CONTAINER_ANNOTATION))
     state = container.get("state") or {}
     terminated = state.get("terminated") or {}
     waiting = state.get("waiting") or {}
@@ -334,13 +430,14 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         rendezvous_id=annotations.get(naming.RENDEZVOUS_ID_ANNOTATION),
         rank_address=annotations.get(naming.RANK_ADDRESS_ANNOTATION),
         domain=annotations.get(naming.DOMAIN_ANNOTATION),
+        ignored=tuple(ignored),
     )
 
 
 def object_record(obj: Mapping[str, Any]) -> ObjectRecord:
     """Project a Service or PodGroup onto an ObjectRecord."""
     metadata = obj.get("metadata", {})
-    annotations = metadata.get("annotations") or {}
+    annotations = _checked(metadata.get("annotations"), OBJECT_ANNOTATIONS, [])
     return ObjectRecord(
         kind=obj.get("kind", ""),
         name=metadata.get("name", ""),

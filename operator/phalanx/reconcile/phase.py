@@ -28,6 +28,8 @@ class Scaling:
     actions: Actions
     """Spares promoted, the surplus removed (highest index first), a Rescaling Event."""
     promoted: frozenset[str]
+    placed: bool
+    """Every slot holds a worker bound to a node (``spares.Promotions.placed``)."""
     rescaled: Literal["up", "down"] | None
 
 
@@ -66,7 +68,7 @@ def scaling(context: Context, memory: Memory, launch: Launch, current: list[PodR
     if before and before != wanted:
         rescaled = "up" if wanted > before else "down"
         actions += event("Normal", "Rescaling", f"desired workers changed from {before} to {wanted}")
-    return Scaling(slots, actions, filled.promoted, rescaled)
+    return Scaling(slots, actions, filled.promoted, filled.placed, rescaled)
 
 
 def running_phase(

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import naming
+from phalanx.reconcile import naming, slots
 from phalanx.reconcile.actions import NOTHING, Address, Deletion, Event, Move
 from phalanx.reconcile.decide import decide
 from phalanx.reconcile.decision import Context, Decision, Memory, concluded, finish
@@ -42,6 +42,12 @@ class Plan:
     requeue_after: float | None = None
     delete_job: bool = False
     rescaled: Literal["up", "down"] | None = None
+
+    @property
+    def promotes(self) -> bool:
+        """Whether the plan promotes a spare: its status write, which records the slot claim
+        (``slots``), must go first and pass its resourceVersion precondition, changed or not."""
+        return any(move.index is not None for move in self.move)
 
     @property
     def changes_children(self) -> bool:
@@ -94,6 +100,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         "restartsByReason": dict(memory.by_reason),
         # pruned to pods that still exist: a UID never comes back once its pod is gone
         "countedFailures": sorted(memory.counted & {pod.uid for pod in observed.pods}) or None,
+        "removedWorkers": sorted(memory.removed & {pod.uid for pod in observed.pods}) or None,
         "workers": {
             "desired": wanted,
             "active": len(still_active),
@@ -131,6 +138,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     status["restartNotBefore"] = memory.restart_not_before
     topology = job.spec.placement.topology if job.spec.placement else None
     status["placement"] = {"key": topology.key, "domain": memory.domain} if topology is not None else None
+    status["slotClaims"] = slots.recorded(memory, decision.actions.move)
     status["avoidedNodes"] = [
         {"node": entry.node, "reason": entry.reason, "message": entry.message, "until": entry.until}
         for entry in memory.avoided
@@ -220,6 +228,8 @@ def progress_only(current: api.TrainingJobStatus | dict[str, Any] | None, propos
             return False  # a rescale: the next pass tells it from the stored desired count
         if key in PROGRESS_KEYS or (value is None and key not in current):
             continue
+        if key == "removedWorkers" and set(value or ()) <= set(current.get(key) or ()):
+            continue  # only UIDs of pods gone since: never reused, so dropping them can wait
         if key == "conditions":
             if _condition_verdicts(current.get(key)) != _condition_verdicts(value):
                 return False

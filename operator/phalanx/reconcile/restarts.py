@@ -64,12 +64,14 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
     store_lost = bool(current) and store_gone and not never_created
     # Workers someone else deleted (kubectl, a drain) are lost too, though they failed nothing;
     # a kubelet marks them Failed before they go, so "finished" does not tell them apart from
-    # pods this operator removed: those were recorded as handled (or are beyond desired).
+    # pods this operator removed: those are recorded in status before they are deleted, as
+    # counted failures or as removed (``decide.recording_removals``); a slot beyond desired is no loss.
     deleted = [
         pod
         for pod in current
         if pod.deleting
         and not memory.already_counted(pod)
+        and not memory.removed_itself(pod)
         and pod.index is not None
         and pod.index < spec.workers.desired
     ]
@@ -91,7 +93,9 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
         return replace(restart, actions=actions + restart.actions)
     lost_slots = sorted({pod.index for pod in [*(pod for pod, _ in failures), *deleted] if pod.index is not None})
     if context.in_place and lost_slots and all(context.keeps(pod, memory) for pod in survivors):
-        takers = list(zip(lost_slots, spares.ready_spares(context, memory), strict=False))
+        # a slot a scale-down removes in this pass is lost, but no spare takes it
+        kept_slots = [slot for slot in lost_slots if slot < spec.workers.desired]
+        takers = list(zip(kept_slots, spares.ready_spares(context, memory), strict=False))
         reform = reform_in_place(context, memory, failures, survivors, takers)
         return replace(reform, actions=actions + reform.actions)
     if not failures:
@@ -187,7 +191,9 @@ def no_progress(context: Context, memory: Memory, current: list[PodRecord]) -> S
     has shown the same step count for the whole deadline restarts its gang, counted. The clock
     starts no earlier than the job last became Running (Ready), so a world that re-formed gets
     the whole deadline for its first step; a job whose workers serve no step count is never
-    judged. Only a fresh sample is a verdict: when the reporter stopped answering (a
+    judged. Only a sample scraped after the deadline ran out (``stepped_since`` plus the deadline)
+    is a verdict: an older one shows the count before the deadline, whatever came after. And only
+    a fresh sample is a verdict: when the reporter stopped answering (a
     NetworkPolicy, its port taken after a restart, a network blip) its last count says nothing
     about training since, so the job is left alone and Stalled says why (ProgressUnknown)."""
     job, now = context.job, context.now
@@ -219,6 +225,12 @@ def no_progress(context: Context, memory: Memory, current: list[PodRecord]) -> S
                 f"with its step count at {progress.steps}; nothing is restarted on stale data",
             ),
         )
+    judged_from = since + timedelta(seconds=deadline)
+    if progress.scraped_at is None or progress.scraped_at < judged_from:
+        # The newest count was read before the deadline ran out: the worker may have stepped
+        # since. The poller wakes the job with the first scrape past it; if none comes, the
+        # sample goes stale and Stalled says so (above).
+        return Step(memory, requeue(max(1.0, (progress.fresh_until - now).total_seconds())))
     failure = Failure(
         "NoProgress",
         counted=True,

@@ -3,20 +3,25 @@ spares to create, record as failed or remove.
 
 A spare is a worker pod without a slot (``phalanx.dev/role: spare``) whose supervisor has done its
 imports and waits. One JSON patch promotes it (role, slot, attempt, rendezvous id; a ``Move`` with
-an index), and the kubelet hands the new labels to the supervisor, which starts the command.
+an index), after the status write that claims the slot for it (``slots``), and the kubelet hands
+the new labels to the supervisor, which starts the command.
 Workers lost while min survive make the world re-form in place as a new attempt, ready spares
-taking the lost slots in that pass (``restarts.reform_in_place``); any other empty slot of the
-current attempt is filled by a ready spare in the pass that finds it empty, before its old pod is
-gone (``promotions``), and only when no spare is ready is a new worker pod created, as without
-spares.
+taking the lost slots below ``workers.desired`` in that pass (``restarts.reform_in_place``; a slot
+a scale-down removes in the same pass is none of them); any other empty slot of the current attempt
+is filled by a ready spare in the pass that finds it empty, before its old pod is gone
+(``promotions``), and only when no spare is ready is a new worker pod created, as without spares.
+A worker that waits for a node (not bound to one) gives its slot to a ready spare, and is deleted.
 
-New spares are created only once every slot holds a scheduled worker, so a spare never takes the
-place a worker of the gang needs. Spares join the PodGroup (as its members, not in ``minMember``)
-and hold a worker's resources while they wait. A spare that fails is recorded once by UID in
+New spares are created only once every slot holds a worker bound to a node, so a spare never
+takes the place a worker of the gang needs; they rank below the workers (``desired.spare_pod``:
+the operator's spare PriorityClass). Spares join the PodGroup (as its members, not in
+``minMember``) and hold a worker's resources while they wait. A spare that fails of its own accord
+(``own_failure``: its container failed, or cannot start) is recorded once by UID in
 ``restartsByReason.SpareFailed`` (it trained nothing, so not against ``maxRestarts``) and removed;
-once more spares failed than ``failurePolicy.maxRestarts``, no new one is created (a bad image or
-node would otherwise be retried forever). Spares on nodes the job avoids or takes for lost are
-removed, and spares beyond ``workers.spares`` go, newest first.
+once more spares failed than ``failurePolicy.maxRestarts``, no new one is created (a bad image
+or node would otherwise be retried forever). A spare stopped for another cause (evicted, preempted,
+its node shut down or lost) is removed and replaced, unrecorded. Spares on nodes the job avoids or
+takes for lost are removed, and spares beyond ``workers.spares`` go, newest first.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.reconcile import desired, naming
+from phalanx.reconcile import desired, naming, slots
 from phalanx.reconcile.actions import NOTHING, Actions, Move, event
 from phalanx.reconcile.decision import Context, Memory
 from phalanx.reconcile.environment import Launch
@@ -36,6 +41,14 @@ from phalanx.reconcile.observed import PodRecord
 Object = dict[str, Any]
 SPARE_FAILED = "SpareFailed"
 _SERIAL = re.compile(r"-spare-(\d+)$")
+
+
+def own_failure(why: Failure) -> bool:
+    """Whether a spare stopped through a fault of its own, which spends the spares' budget: its
+    container failed as a worker's failure would be counted (an error, an OOM kill), or cannot start
+    (an image that cannot be pulled, a bad configuration). An eviction, a preemption, a node shut
+    down, lost or refusing it, or a SIGTERM it ended on (exit 0) is not its fault."""
+    return why.counted or why.action == "fail"
 
 
 def serial(pod: PodRecord) -> int:
@@ -53,8 +66,19 @@ def ready_spares(context: Context, memory: Memory) -> list[PodRecord]:
 def empty_slots(memory: Memory, current: Sequence[PodRecord], wanted: int) -> list[int]:
     """Slots below ``wanted`` that no active worker of the current attempt holds (a failed worker
     recorded this pass, or one being deleted, holds none)."""
-    held = {pod.index for pod in current if pod.active and pod.index is not None and not memory.already_counted(pod)}
+    held = {pod.index for pod in holders(memory, current)}
     return [index for index in range(wanted) if index not in held]
+
+
+def holders(memory: Memory, current: Sequence[PodRecord]) -> list[PodRecord]:
+    """The active workers of the current attempt that hold a slot (none recorded as failed)."""
+    return [pod for pod in current if pod.active and pod.index is not None and not memory.already_counted(pod)]
+
+
+def waiting_slots(memory: Memory, current: Sequence[PodRecord], wanted: int) -> list[PodRecord]:
+    """Workers below ``wanted`` not bound to a node, alone in their slot: a ready spare may take it
+    (a doubled slot was resolved before, ``slots.one_pod_per_slot``)."""
+    return [pod for pod in holders(memory, current) if pod.node_name is None and (pod.index or 0) < wanted]
 
 
 def promoting(context: Context, spare: PodRecord, index: int, attempt: int) -> Actions:
@@ -68,28 +92,57 @@ def promoting(context: Context, spare: PodRecord, index: int, attempt: int) -> A
 
 @dataclass(frozen=True)
 class Promotions:
-    """Which empty slots spares fill in this pass, and the slots left for new worker pods."""
+    """Which slots spares fill in this pass, and the slots left for new worker pods."""
 
     actions: Actions
+    """The promotions, and the deletion of the unbound workers whose slots spares took."""
     promoted: frozenset[str]
     """Names of the spares promoted."""
     unfilled: tuple[int, ...]
+    placed: bool
+    """Every slot holds a worker bound to a node once this pass's promotions are done: only then
+    may a new spare be created (it would otherwise compete with a worker for a node)."""
 
 
 def promotions(context: Context, memory: Memory, current: Sequence[PodRecord]) -> Promotions:
-    """Fill the empty slots of the current attempt with ready spares, lowest slot first."""
-    spares = ready_spares(context, memory)
+    """Fill the empty slots of the current attempt with ready spares, lowest slot first, then the
+    slots whose worker waits for a node: a ready spare runs already (it may hold the very room the
+    worker waits for), so it takes the slot and the waiting pod is deleted. A slot whose claim waits
+    for its spare (``slots.pending``) is that spare's: the same patch again. The promotion is claimed
+    in status and sent before the deletion (``apply``), so a pass cut short between the two leaves
+    a doubled slot, whose unbound pod the next pass deletes (``slots.one_pod_per_slot``); the
+    waiting pod never ran, so its deletion is no loss (``status.removedWorkers``)."""
+    claimed = slots.pending(context, memory)
+    spares = [spare for spare in ready_spares(context, memory) if spare not in claimed.values()]
+    wanted = context.spec.workers.desired
     actions = NOTHING
     promoted: set[str] = set()
     unfilled: list[int] = []
-    for index in empty_slots(memory, current, context.spec.workers.desired):
+    for index, spare in claimed.items():
+        promoted.add(spare.name)
+        actions += promoting(context, spare, index, memory.attempt)
+    for index in empty_slots(memory, current, wanted):
+        if index in claimed:
+            continue
         if not spares:
             unfilled.append(index)
             continue
         spare = spares.pop(0)
         promoted.add(spare.name)
         actions += promoting(context, spare, index, memory.attempt)
-    return Promotions(actions, frozenset(promoted), tuple(unfilled))
+    still_waiting = 0
+    for pod in sorted(waiting_slots(memory, current, wanted), key=lambda pod: pod.index or 0):
+        if pod.index in claimed:  # its claimed spare's patch goes again above
+            actions += context.removing([pod])
+            continue
+        if not spares:
+            still_waiting += 1
+            continue
+        spare = spares.pop(0)
+        promoted.add(spare.name)
+        actions += promoting(context, spare, pod.index or 0, memory.attempt) + context.removing([pod])
+    placed = not unfilled and not still_waiting
+    return Promotions(actions, frozenset(promoted), tuple(unfilled), placed)
 
 
 @dataclass(frozen=True)
@@ -106,26 +159,25 @@ def upkeep(
     context: Context,
     memory: Memory,
     launch: Launch,
-    current: Sequence[PodRecord],
     *,
     promoted: frozenset[str],
     may_create: bool,
 ) -> SpareUpkeep:
-    """Record failed spares once and remove them, remove spares on lost or avoided nodes and those
-    beyond ``workers.spares``, and (``may_create``: no worker pod is being created) create the
-    missing ones once every slot holds a scheduled worker."""
+    """Record spares that failed of their own accord once and remove them, remove those stopped
+    for another cause, on lost or avoided nodes and beyond ``workers.spares``, and (``may_create``:
+    every slot holds a worker bound to a node, ``Promotions.placed``) create the missing ones."""
     job, spec = context.job, context.spec
     actions = NOTHING
     kept: list[PodRecord] = []
     for pod in context.observed.spares():
         if pod.name in promoted or pod.deleting:
             continue
-        if pod.finished:
-            if not memory.already_counted(pod):
-                why = classify(pod, node_lost=context.node_lost(pod))
-                message = f"spare {pod.name} ended ({pod.phase}, exit code {pod.exit_code})"
-                if why is not None:
-                    message += f": {why.message}"
+        why = classify(pod, node_lost=context.node_lost(pod))
+        if pod.finished or (why is not None and why.action == "fail"):
+            if why is not None and own_failure(why) and not memory.already_counted(pod):
+                message = f"spare {pod.name} ended ({pod.phase}, exit code {pod.exit_code}): {why.message}"
+                if not pod.finished:
+                    message = f"spare {pod.name} failed: {why.message}"
                 memory = memory.counting(Failure(SPARE_FAILED, counted=False, action="replace", message=message), [pod])
                 actions += event("Warning", SPARE_FAILED, message + "; a new spare replaces it")
             actions += context.removing([pod])
@@ -142,14 +194,19 @@ def upkeep(
     actions += context.removing(sorted(extra, key=serial, reverse=True))
     missing = wanted - (len(kept) - len(extra))
     failed = dict(memory.by_reason).get(SPARE_FAILED, 0)
-    workers_placed = may_create and all(pod.scheduled for pod in current if pod.active)
-    if missing <= 0 or not workers_placed or failed > spec.failure_policy.max_restarts:
+    if missing <= 0 or not may_create or failed > spec.failure_policy.max_restarts:
         return SpareUpkeep(memory, actions=actions)
     names = {pod.name for pod in context.observed.pods}
     serials = (n for n in range(len(names) + wanted + 1) if naming.spare_pod_name(job.metadata.name, n) not in names)
     create = tuple(
         desired.spare_pod(
-            job, launch, serial=next(serials), attempt=memory.attempt, avoid=memory.avoided_nodes, domain=memory.domain
+            job,
+            launch,
+            serial=next(serials),
+            attempt=memory.attempt,
+            avoid=memory.avoided_nodes,
+            domain=memory.domain,
+            priority_class=context.observed.spare_priority_class,
         )
         for _ in range(missing)
     )

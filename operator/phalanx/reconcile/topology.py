@@ -4,16 +4,20 @@ go to, and whether any domain could ever hold its gang.
 Where a gang scheduler places gangs by topology (Kueue's TAS, Volcano's HyperNodes), the operator
 only says what it wants (pod annotations, the PodGroup's networkTopology). With scheduler-plugins
 or no gang scheduler nothing looks ahead: a pod affinity would let the first pod's node decide the
-domain, and a gang could wait forever in a domain too small for it. So the operator chooses: the
-domain whose schedulable nodes (not avoided by the job) could hold the most workers by allocatable
-(ties: the first name), among those that hold at least workers.min; only nodes the pod template's
-nodeSelector and required node affinity admit are counted (taints are not judged). It is recorded in status and
-kept while a worker of the current attempt runs there or while it can still hold the gang, so
-elastic growth and spares stay in it; a gang restart that finds it too small chooses again. The
-operator does not see other tenants' pods, so a chosen domain may be busy: a gang that waited
-there ``PATIENCE_SECONDS`` with none of it placed is moved to the next domain that could hold it
-(its unplaced pods recreated there), so two gangs that chose one domain never wait on each other
-for good (the limits are in docs/placement.md).
+domain, and a gang could wait forever in a domain too small for it. So the operator chooses, among
+the domains whose schedulable nodes (not avoided by the job) could hold workers.min by allocatable,
+the one with the least room *now* that still holds the gang (best fit, as Kueue's TAS: a large
+gang still finds a whole domain later). Room now is allocatable less what the pods bound to the
+nodes request, every tenant's (``Observed.node_free``; the job's own pods hold nothing against it).
+Only nodes the pod template's nodeSelector and required node affinity admit are counted (taints
+are not judged). The domain is recorded in status and kept while a worker of the current attempt
+runs there (on a node that is NotReady or cordoned too: where pods run is not where new ones may
+go) or while it can still hold the gang, so elastic growth and spares stay in it; a gang restart
+that finds it too small chooses again. A gang none of which the scheduler could place moves to
+another domain with room: at once when its domain's pods leave it no room (another tenant's pods
+came first), else, when what the nodes' pods request does not explain it (taints, a view that
+lags), after ``PATIENCE_SECONDS`` (its unplaced pods recreated there), so two gangs that chose
+one domain never wait on each other for good (the limits are in docs/placement.md).
 """
 
 from __future__ import annotations
@@ -36,17 +40,28 @@ OPERATOR_PLACED = ("none", "scheduler-plugins")
 """Gang schedulers under which the operator chooses the domain itself."""
 
 PATIENCE_SECONDS = 120.0
-"""How long a gang may wait, none of it placed, in a domain that others' pods keep full before the
-operator tries the next domain that could hold it (its waiting pods are recreated there)."""
+"""How long a gang may wait, none of it placed, in a domain where the scheduler finds no room that
+what the pods there request does not explain (taints, a lagging view), before the operator tries
+another domain that could hold it (its waiting pods are recreated there)."""
 
 
 @dataclass(frozen=True)
 class Room:
-    """How many workers a domain's schedulable nodes could hold by allocatable (-1: unbounded)."""
+    """How many workers a domain's schedulable nodes could hold (-1: unbounded): ``fits`` by
+    allocatable (ever, were nothing else there), ``free`` in the room other pods leave them now."""
 
     domain: str
     fits: int
     nodes: int
+    free: int
+
+
+UNBOUNDED = 1 << 30
+"""Where a worker asks for nothing the nodes list: as much room as any."""
+
+
+def _size(workers: int) -> int:
+    return workers if workers >= 0 else UNBOUNDED
 
 
 @dataclass(frozen=True)
@@ -58,8 +73,10 @@ class Placed:
     stall: tuple[str, str] | None = None
     room: Room | None = None
     """The chosen domain's room when this pass chose it (None: kept, or not chosen)."""
-    left: str | None = None
-    """The domain the gang waited in for ``PATIENCE_SECONDS`` without a place, when it moves."""
+    left: Room | None = None
+    """The domain the gang found no room in, when it moves."""
+    at_once: bool = False
+    """It moves without waiting ``PATIENCE_SECONDS``: the domain's pods leave no room for it."""
 
 
 def _matches(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
@@ -91,8 +108,9 @@ def may_run_on(pod_spec: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
 
 
 def rooms(context: Context, memory: Memory, launch: Launch, key: str) -> list[Room]:
-    """Each domain of ``key`` with the workers its nodes could hold, most room first (only nodes
-    the pod template admits, ``may_run_on``, and the job does not avoid)."""
+    """Each domain of ``key`` with the workers its schedulable nodes could hold, most by
+    allocatable first (only nodes the pod template admits, ``may_run_on``, and the job does not
+    avoid; unready and cordoned nodes have no allocatable)."""
     observed = context.observed
     per_worker = desired.worker_demand(context.job, launch)
     template = context.spec.template.spec.model_dump(by_alias=True, exclude_none=True)
@@ -108,11 +126,30 @@ def rooms(context: Context, memory: Memory, launch: Launch, key: str) -> list[Ro
         ):
             members.setdefault(value, []).append(node)
     found = [
-        Room(domain, capacity.workers_that_fit(per_worker, [observed.node_allocatable[n] for n in nodes]), len(nodes))
+        Room(
+            domain,
+            capacity.workers_that_fit(per_worker, [observed.node_allocatable[n] for n in nodes]),
+            len(nodes),
+            capacity.workers_that_fit(per_worker, [observed.node_free(n) for n in nodes]),
+        )
         for domain, nodes in members.items()
     ]
-    unbounded = 1 << 30  # nothing comparable on the nodes: as much room as any
-    return sorted(found, key=lambda room: (-(room.fits if room.fits >= 0 else unbounded), room.domain))
+    return sorted(found, key=lambda room: (-_size(room.fits), room.domain))
+
+
+def best_fit(found: list[Room], wanted: int, minimum: int) -> Room | None:
+    """The domain with the least room now that still holds ``wanted`` workers, else ``minimum``
+    (ties: the first name), as Kueue's TAS chooses: a large gang still finds a whole domain later."""
+    for need in (wanted, minimum):
+        holding = [room for room in found if _size(room.free) >= need]
+        if holding:
+            return min(holding, key=lambda room: (_size(room.free), room.domain))
+    return None
+
+
+def most_room(found: list[Room]) -> Room:
+    """The domain with the most room now (ties: the most by allocatable, then the first name)."""
+    return min(found, key=lambda room: (-_size(room.free), -_size(room.fits), room.domain))
 
 
 def place(context: Context, memory: Memory, launch: Launch, current: list[PodRecord]) -> Placed:
@@ -123,7 +160,8 @@ def place(context: Context, memory: Memory, launch: Launch, current: list[PodRec
         return Placed(memory.domain)  # nodes are not watched: pod affinity alone (desired.place_in_domain)
     found = rooms(context, memory, launch, topology.key)
     minimum = spec.workers.min
-    viable = [room for room in found if room.fits < 0 or room.fits >= minimum]
+    wanted = max(spec.workers.desired, minimum)
+    viable = [room for room in found if _size(room.fits) >= minimum]
     stall = None
     if topology.mode == "required" and not viable:
         stall = ("TopologyUnsatisfiable", unsatisfiable(topology, minimum, found))
@@ -139,31 +177,46 @@ def place(context: Context, memory: Memory, launch: Launch, current: list[PodRec
         )
         if running_there:
             return Placed(kept)
-        if any(room.domain == kept for room in viable):
+        held = next((room for room in viable if room.domain == kept), None)
+        if held is not None:
             others = [room for room in viable if room.domain != kept]
-            if others and waited_out(context, current, kept):
-                # the next domain in order of room after the one it waited in, round the list
-                order = [room.domain for room in viable]
-                after = order.index(kept) + 1
-                chosen = next(room for room in viable[after:] + viable[:after] if room.domain != kept)
-                return Placed(chosen.domain, room=chosen, left=kept)
+            if others and found_no_room(current, kept):
+                target = best_fit(others, wanted, minimum)
+                if topology.mode == "required" and target is not None and _size(held.free) < minimum:
+                    # the scheduler and the pods on the nodes agree: no room here, room there (a
+                    # preferred gang that found none found none anywhere: no domain held it back)
+                    return Placed(target.domain, room=target, left=held, at_once=True)
+                if waited_out(context, current, kept):
+                    # room there by the view, else the next domain in order of room, round the list
+                    order = [room.domain for room in viable]
+                    after = order.index(kept) + 1
+                    chosen = target or next(room for room in viable[after:] + viable[:after] if room.domain != kept)
+                    return Placed(chosen.domain, room=chosen, left=held)
             return Placed(kept, stall)
     if viable:
-        return Placed(viable[0].domain, room=viable[0])
+        chosen = best_fit(viable, wanted, minimum) or most_room(viable)
+        return Placed(chosen.domain, room=chosen)
     if topology.mode == "preferred" and found:
-        return Placed(found[0].domain, room=found[0])  # the most room, though not enough: the rest spill over
+        chosen = most_room(found)  # the most room, though not enough: the rest spill over
+        return Placed(chosen.domain, room=chosen)
     return Placed(None, stall)
 
 
-def waited_out(context: Context, current: list[PodRecord], domain: str) -> bool:
-    """Every worker of the attempt is unplaced and pinned to ``domain``, the scheduler found no node
-    for any of them, and the first of them was created ``PATIENCE_SECONDS`` ago or more."""
+def found_no_room(current: list[PodRecord], domain: str) -> bool:
+    """Every worker of the attempt is unplaced and pinned to ``domain``, and the scheduler found
+    no node for any of them."""
     waiting = [pod for pod in current if pod.active]
-    if not waiting or any(
+    return bool(waiting) and not any(
         pod.scheduled or not pod.unschedulable_message or pod.domain not in (None, domain) for pod in waiting
-    ):
+    )
+
+
+def waited_out(context: Context, current: list[PodRecord], domain: str) -> bool:
+    """The gang found no room in ``domain`` (``found_no_room``), and the first of its workers was
+    created ``PATIENCE_SECONDS`` ago or more."""
+    if not found_no_room(current, domain):
         return False
-    created = [parse_time(pod.created) for pod in waiting]
+    created = [parse_time(pod.created) for pod in current if pod.active]
     first = min((moment for moment in created if moment is not None), default=None)
     return first is not None and (context.now - first).total_seconds() >= PATIENCE_SECONDS
 
@@ -182,10 +235,22 @@ def unsatisfiable(topology: api.Topology, minimum: int, found: list[Room]) -> st
     )
 
 
-def placed_message(key: str, room: Room) -> str:
-    """The Event that says where the operator placed a job's workers."""
-    holds = "as many workers as its nodes take" if room.fits < 0 else f"room for {room.fits} worker(s)"
-    return f"workers placed in {key}={room.domain}: {room.nodes} schedulable node(s), {holds} by allocatable"
+def placed_message(key: str, placed: Placed) -> str:
+    """The Event that says where the operator placed a job's workers (``placed.room`` is set)."""
+    room = placed.room
+    assert room is not None
+    holds = "as many workers as its nodes take" if room.free < 0 else f"room for {room.free} worker(s)"
+    message = f"workers placed in {key}={room.domain}: {room.nodes} schedulable node(s), {holds} by allocatable"
+    message += " less what the pods there request"
+    left = placed.left
+    if left is not None and placed.at_once:
+        message += (
+            f"; moved from {left.domain}, where none of the gang found room and the pods there leave room for "
+            f"{left.free} worker(s)"
+        )
+    elif left is not None:
+        message += f"; moved from {left.domain}, where none of the gang found room for {PATIENCE_SECONDS:.0f}s"
+    return message
 
 
 def rank_host(attempt: int, domain: str | None, index: int, uid: str) -> str:
