@@ -220,6 +220,9 @@ class World:
                 continue
             pod["metadata"].setdefault("annotations", {})[naming.RANK_ADDRESS_ANNOTATION] = given.address
         for deletion in result.delete:
+            if deletion.kind != "Pod":
+                self.objects.pop((child_kind(deletion.api_version, deletion.kind), deletion.name), None)
+                continue
             pod = self.pods.get(deletion.name)
             if pod is None:
                 continue

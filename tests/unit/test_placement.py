@@ -316,6 +316,91 @@ def test_a_sigkill_after_the_move_was_recorded_still_moves_the_unplaced_pods() -
     assert world.status["restarts"] == 0
 
 
+def placed_workers(world: World, count: int) -> None:
+    """Every worker of a placed job runs, slot ``i`` on a node of rack a or b at an address of its own."""
+    for index in range(count):
+        name = naming.worker_pod_name("demo", index)
+        world.run(name, node=f"rack-{'ab'[index % 2]}-{index % 1300}")
+        world.pods[name]["status"]["podIP"] = f"10.{index // 65536}.{index // 256 % 256}.{index % 256}"
+
+
+def rank_slices(world: World) -> dict[str, dict[str, Any]]:
+    kind = "EndpointSlice.discovery.k8s.io"
+    return {name: obj for (child, name), obj in world.objects.items() if child == kind}
+
+
+def slot_of(endpoint: dict[str, Any]) -> int:
+    return int(endpoint["hostname"].split("-")[2])  # rank_host: a<attempt>-<domain digest>-<slot>-<uid>
+
+
+def test_rank_addresses_of_more_workers_than_one_endpoint_slice_holds_are_sharded_by_slot() -> None:
+    world = supervised_preferred_job(workers={"min": 1, "max": 2500, "desired": 2500})
+    racks(world, {"rack-a": 1300, "rack-b": 1300})
+    world.settle()
+    placed_workers(world, 2500)
+    plan = world.reconcile()
+    slices = rank_slices(world)
+    # the API server refuses an EndpointSlice of more than 1,000 endpoints
+    assert sorted(slices) == ["demo-ranks", "demo-ranks-1", "demo-ranks-2"]
+    for shard, name in enumerate(("demo-ranks", "demo-ranks-1", "demo-ranks-2")):
+        slice_ = slices[name]
+        assert slice_["metadata"]["labels"]["kubernetes.io/service-name"] == "demo-ranks"  # one Service serves all
+        assert slice_["metadata"]["ownerReferences"][0]["uid"] == world.body["metadata"]["uid"]
+        assert {slot_of(e) for e in slice_["endpoints"]} == set(range(shard * 1000, min(2500, shard * 1000 + 1000)))
+    hosts = [e["hostname"] for s in slices.values() for e in s["endpoints"]]
+    assert sorted(hosts) == sorted(a.address.split(".")[0] for a in plan.address) and len(set(hosts)) == 2500
+
+    # a worker of the first thousand leaves: only its slice changes, every other pod keeps its slice
+    world.delete_pod(naming.worker_pod_name("demo", 5))
+    before = {name: [e["hostname"] for e in s["endpoints"]] for name, s in rank_slices(world).items()}
+    changed = world.reconcile()
+    assert [obj["metadata"]["name"] for obj in changed.apply if obj["kind"] == "EndpointSlice"] == ["demo-ranks"]
+    after = {name: [e["hostname"] for e in s["endpoints"]] for name, s in rank_slices(world).items()}
+    assert after["demo-ranks-1"] == before["demo-ranks-1"] and after["demo-ranks-2"] == before["demo-ranks-2"]
+    assert len(after["demo-ranks"]) == 999
+
+
+def test_rank_slices_no_worker_needs_any_more_are_deleted_and_the_first_is_kept_current() -> None:
+    world = supervised_preferred_job(workers={"min": 1, "max": 2500, "desired": 2500})
+    racks(world, {"rack-a": 1300, "rack-b": 1300})
+    world.settle()
+    placed_workers(world, 2500)
+    world.reconcile()
+    assert len(rank_slices(world)) == 3
+    for index in range(900, 2500):  # the job shrank to 900 workers
+        world.delete_pod(naming.worker_pod_name("demo", index))
+    world.body["spec"]["workers"]["desired"] = 900
+    plan = world.plan()
+    surplus = sorted((d.kind, d.name) for d in plan.delete)
+    assert surplus == [("EndpointSlice", "demo-ranks-1"), ("EndpointSlice", "demo-ranks-2")]
+    assert all(d.api_version == desired.ENDPOINT_SLICE_API for d in plan.delete)
+    world.carry_out(plan)
+    assert sorted(rank_slices(world)) == ["demo-ranks"]
+    assert len(rank_slices(world)["demo-ranks"]["endpoints"]) == 900
+    assert world.reconcile().delete == ()  # once gone, nothing more to delete
+    # the last workers go: the first slice stays, emptied, as it did before sharding
+    for index in range(900):
+        world.delete_pod(naming.worker_pod_name("demo", index))
+    world.reconcile()
+    assert rank_slices(world)["demo-ranks"]["endpoints"] == []
+
+
+def test_a_surplus_rank_slice_found_after_a_sigkill_is_deleted_in_the_next_pass() -> None:
+    world = supervised_preferred_job(workers={"min": 1, "max": 1500, "desired": 1500})
+    racks(world, {"rack-a": 1300, "rack-b": 1300})
+    world.settle()
+    placed_workers(world, 1500)
+    world.reconcile()
+    for index in range(1000, 1500):
+        world.delete_pod(naming.worker_pod_name("demo", index))
+    world.body["spec"]["workers"]["desired"] = 1000
+    world.carry_out(world.plan(), stop_after_status=True)  # SIGKILL before the deletion
+    assert "demo-ranks-1" in rank_slices(world)
+    again = world.reconcile()
+    assert [(d.kind, d.name) for d in again.delete] == [("EndpointSlice", "demo-ranks-1")]
+    assert sorted(rank_slices(world)) == ["demo-ranks"]
+
+
 def test_the_pods_a_move_deletes_are_no_loss_while_they_stop_nor_once_they_are_gone() -> None:
     world = topology_job()
     racks(world, {"rack-a": 3, "rack-b": 4})

@@ -104,8 +104,9 @@ pods, then networkPolicy.jobs.scrapersFrom. */}}
 - apiGroups: [scheduling.x-k8s.io, scheduling.volcano.sh]
   resources: [podgroups]
   verbs: [get, list, watch, create, patch, delete]
-# Rank addresses of jobs placed by topology (docs/placement.md): the EndpointSlice of the job's
-# ranks Service, applied as its workers are placed; delete for the same reason as Services.
+# Rank addresses of jobs placed by topology (docs/placement.md): the EndpointSlices of the job's
+# ranks Service (a thousand slots each), applied as its workers are placed; a slice none of whose
+# slots has a placed worker any more is deleted.
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
   verbs: [get, list, watch, create, patch, delete]

@@ -165,7 +165,7 @@ def _object_line(obj: dict[str, Any], result: Preview) -> str:
         port = obj["spec"]["ports"][0]["port"]
         what = "the rendezvous store" if name == result.store()["metadata"]["name"] else "worker DNS names"
         if name == naming.ranks_service_name(result.job.metadata.name):
-            what = "the workers' rank addresses (ranks follow placement; its EndpointSlice names them once placed)"
+            what = "the workers' rank addresses (ranks follow placement; its EndpointSlices name them once placed)"
         return f"Service {name}: headless, port {port}, for {what}"
     if obj is result.store():
         image = obj["spec"]["containers"][0]["image"]

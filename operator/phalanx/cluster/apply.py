@@ -15,7 +15,8 @@ creating anything twice:
   name held by an object this job does not control is left alone and reported, and a create that
   finds our own object (the response was lost, or the cache was behind) just takes it into the cache;
 - drifted Services and PodGroups are server-side applied with their UID as a precondition;
-- pods are deleted with their UID as a precondition, so only the pod that was planned goes;
+- pods, and EndpointSlices no worker needs any more, are deleted with their UID as a precondition,
+  so only the object that was planned goes;
 - a kept pod is moved to the new attempt by a JSON patch that tests its UID and its old attempt,
   so a repeated move, or one planned from a view the pod has left, changes nothing;
 - a spare is promoted only after the status write that records its slot claim passed the
@@ -43,7 +44,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, controller_of
 from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
-from phalanx.reconcile.actions import Address, Move
+from phalanx.reconcile.actions import Address, Deletion, Move
 from phalanx.reconcile.observed import ChildKey, Refusal, child_kind
 from phalanx.reconcile.plan import Plan, progress_only, status_changed
 
@@ -384,18 +385,30 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
         if response is not None:
             run.children.observe("MODIFIED", response)
 
-    # after the objects: the rank names resolve (the EndpointSlice) before a supervisor reads them
+    # after the objects: the rank names resolve (the EndpointSlices) before a supervisor reads them
     await asyncio.gather(*(address(pod) for pod in plan.address))
 
-    async def remove(kind: str, child: str, grace: int | None) -> None:
-        pod = pods.get(child) if kind == "Pod" else None
+    async def remove(deletion: Deletion) -> None:
+        if deletion.kind == "Pod":
+            pod = pods.get(deletion.name)
+            found = pod.uid if pod is not None else None
+        else:
+            record = known.get((child_kind(deletion.api_version, deletion.kind), deletion.name))
+            found = record.uid if record is not None else None
+            if not found:
+                return  # only an object of this job's, by its UID: one not in the cache may be another's
         await run.client.delete(
-            "v1", kind, namespace, child, grace_seconds=grace, uid=pod.uid if pod is not None and pod.uid else None
+            deletion.api_version,
+            deletion.kind,
+            namespace,
+            deletion.name,
+            grace_seconds=deletion.grace_seconds,
+            uid=found or None,
         )
-        if pod is not None:
-            run.children.mark_deleting(namespace, uid, child)
+        if deletion.kind == "Pod" and found is not None:
+            run.children.mark_deleting(namespace, uid, deletion.name)
 
-    await asyncio.gather(*(remove(d.kind, d.name, d.grace_seconds) for d in plan.delete))
+    await asyncio.gather(*(remove(deletion) for deletion in plan.delete))
     for event in plan.events:
         run.events.record(job, event, now)
     if plan.delete_job:

@@ -11,11 +11,13 @@ from typing import Literal
 @dataclass(frozen=True)
 class Deletion:
     """A child to delete; ``grace_seconds=0`` force-deletes a pod that has finished or that no
-    kubelet can stop any more (``decide.Context.removal``)."""
+    kubelet can stop any more (``decide.Context.removal``). Only the object observed goes: the
+    request carries its UID as a precondition."""
 
     kind: str
     name: str
     grace_seconds: int | None = None
+    api_version: str = "v1"
 
 
 @dataclass(frozen=True)

@@ -226,8 +226,8 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         if leaving:
             message += "; " + old_workers_message(context, leaving)
         # the new attempt's rank addresses with the move, so the restarted agents need not wait a pass
-        ranks_slice, addresses = topology.rank_addresses(context, memory, launch, moving)
-        wanted.extend(Wanted(obj) for obj in (ranks_slice,) if obj is not None)
+        ranks_slices, addresses = topology.rank_addresses(context, memory, launch, moving)
+        wanted.extend(Wanted(obj) for obj in ranks_slices)
         return held(
             PhaseView("Restarting", "GangRestart", message),
             more=restarts.moving(context, moving, memory.attempt) + addresses,
@@ -272,8 +272,8 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         memory = kept_spares.memory
         wanted.extend(Wanted(spare, create_only=True) for spare in kept_spares.create)
         actions += kept_spares.actions
-    ranks_slice, addresses = topology.rank_addresses(context, memory, launch, current)
-    wanted.extend(Wanted(obj) for obj in (desired.ranks_service(job, launch), ranks_slice) if obj is not None)
+    ranks_slices, addresses = topology.rank_addresses(context, memory, launch, current)
+    wanted.extend(Wanted(obj) for obj in (desired.ranks_service(job, launch), *ranks_slices) if obj is not None)
     actions += addresses
     writes = creation.writes(wanted, observed, job.metadata.uid, context.now)
     step = running_phase(context, memory, launch, current, store_pod, writes.blocked)

@@ -180,7 +180,7 @@ def ranks_follow_placement(job: api.TrainingJob, launch: Launch) -> bool:
 
 def ranks_service(job: api.TrainingJob, launch: Launch) -> Object | None:
     """The headless Service without a selector under which the rank addresses resolve: its
-    EndpointSlice (``ranks_endpoint_slice``) names each worker (None unless ranks follow placement)."""
+    EndpointSlices (``ranks_endpoint_slice``) name each worker (None unless ranks follow placement)."""
     if not ranks_follow_placement(job, launch):
         return None
     port = job.spec.rendezvous.port
@@ -197,15 +197,34 @@ def ranks_service(job: api.TrainingJob, launch: Launch) -> Object | None:
     )
 
 
-def ranks_endpoint_slice(job: api.TrainingJob, entries: Sequence[tuple[str, str, str]]) -> Object:
-    """The ranks Service's endpoints: (host name, pod IP, node) of each worker that has a rank
-    address; DNS then resolves ``<host>.<job>-ranks.<namespace>.svc`` to the pod. One address
-    family: the first entry's (a pod has one primary IP)."""
-    family = "IPv6" if entries and ":" in entries[0][1] else "IPv4"
+ENDPOINTS_PER_SLICE = 1000
+"""The most endpoints the API server takes in one EndpointSlice (its validation's maximum)."""
+
+
+def ranks_shard(index: int) -> int:
+    """The ranks EndpointSlice that names the worker of slot ``index``. By slot, not by position in
+    the list: a pod stays in its slice while others come and go, so a change rewrites one slice and
+    no live worker's name moves between two slices, which are two writes (between them the name
+    would resolve twice, or not at all)."""
+    return index // ENDPOINTS_PER_SLICE
+
+
+def address_family(ip: str) -> str:
+    """An EndpointSlice's addressType for an address."""
+    return "IPv6" if ":" in ip else "IPv4"
+
+
+def ranks_endpoint_slice(
+    job: api.TrainingJob, shard: int, entries: Sequence[tuple[str, str, str]], family: str
+) -> Object:
+    """One of the ranks Service's EndpointSlices (``ranks_shard``): (host name, pod IP, node) of
+    each worker of its slots that has a rank address; DNS then resolves
+    ``<host>.<job>-ranks.<namespace>.svc`` to the pod. One address family for every slice (a pod
+    has one primary IP): the others' entries are left out."""
     endpoints = [
         {"addresses": [ip], "hostname": host, "nodeName": node, "conditions": {"ready": True}}
         for host, ip, node in entries
-        if (":" in ip) == (family == "IPv6")
+        if address_family(ip) == family
     ]
     service = naming.ranks_service_name(job.metadata.name)
     labels = {naming.SERVICE_NAME_LABEL: service, naming.ENDPOINT_SLICE_MANAGER_LABEL: naming.ENDPOINT_SLICE_MANAGER}
@@ -213,7 +232,7 @@ def ranks_endpoint_slice(job: api.TrainingJob, entries: Sequence[tuple[str, str,
         {
             "apiVersion": ENDPOINT_SLICE_API,
             "kind": "EndpointSlice",
-            "metadata": _metadata(job, service, labels),
+            "metadata": _metadata(job, naming.ranks_slice_name(job.metadata.name, shard), labels),
             "addressType": family,
             "endpoints": endpoints,
             "ports": [{"name": "rendezvous", "port": job.spec.rendezvous.port, "protocol": "TCP"}],

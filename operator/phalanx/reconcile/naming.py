@@ -91,8 +91,27 @@ def master_address(job_name: str, namespace: str) -> str:
 
 
 def ranks_service_name(job_name: str) -> str:
-    """The headless Service (and its EndpointSlice) under which workers' rank addresses resolve."""
+    """The headless Service (and its first EndpointSlice) under which workers' rank addresses resolve."""
     return f"{job_name}-ranks"
+
+
+def ranks_slice_name(job_name: str, shard: int) -> str:
+    """The ranks Service's EndpointSlice number ``shard`` (``desired.ranks_shard``): the first is
+    named like the Service, as the one slice was before there were more, so an existing one is
+    kept; the others ``<job>-ranks-<shard>``."""
+    service = ranks_service_name(job_name)
+    return f"{service}-{shard}" if shard else service
+
+
+def ranks_slice_shard(job_name: str, slice_name: str) -> int | None:
+    """The shard an EndpointSlice of the job's is by its name (``ranks_slice_name``), or None."""
+    service = ranks_service_name(job_name)
+    if slice_name == service:
+        return 0
+    prefix, _, shard = slice_name.rpartition("-")
+    if prefix != service or not shard.isdigit() or ranks_slice_name(job_name, int(shard)) != slice_name:
+        return None
+    return int(shard)
 
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"

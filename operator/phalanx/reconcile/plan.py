@@ -63,7 +63,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     deletions = tuple(dict.fromkeys(decision.actions.delete))
     events = list(decision.actions.events)
     attempt_workers = [pod for pod in observed.workers() if pod.attempt == memory.attempt]
-    deleted = {deletion.name for deletion in deletions}
+    deleted = {deletion.name for deletion in deletions if deletion.kind == "Pod"}
     still_active = [pod for pod in attempt_workers if pod.active and pod.name not in deleted]
     ready = sum(1 for pod in still_active if pod.ready)
     wanted = job.spec.workers.desired

@@ -3,7 +3,7 @@
 The objects come from the same builders the planner's first passes use, in the order it creates
 them: the ResourceClaimTemplate of DRA devices, the gang's PodGroup, the Services, the rendezvous
 store, the ranks Service (ranks that follow placement), then every worker of attempt 0. The ranks
-Service's EndpointSlice is not shown: it names the workers once they are placed.
+Service's EndpointSlices are not shown: they name the workers once they are placed.
 Only what the API server assigns is invented: the job's UID (a placeholder, so the rendezvous id
 reads ``00000000-0``) and the namespace when the manifest names none.
 """

@@ -29,7 +29,7 @@ from typing import Any
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import capacity, desired, naming
-from phalanx.reconcile.actions import NOTHING, Actions, Address
+from phalanx.reconcile.actions import NOTHING, Actions, Address, Deletion
 from phalanx.reconcile.decision import Context, Memory
 from phalanx.reconcile.desired import Object
 from phalanx.reconcile.environment import Launch
@@ -264,28 +264,44 @@ def rank_host(attempt: int, domain: str | None, index: int, uid: str) -> str:
 
 def rank_addresses(
     context: Context, memory: Memory, launch: Launch, current: list[PodRecord]
-) -> tuple[Object | None, Actions]:
-    """Ranks follow placement (``desired.ranks_follow_placement``): the EndpointSlice that names
-    each placed worker of the attempt under the ranks Service, and the pods to give their names.
-    torchrun's rendezvous numbers its agents in the sort order of their addresses, and
-    ``rank_host`` sorts by domain, so the workers of a domain get adjacent node ranks."""
+) -> tuple[list[Object], Actions]:
+    """Ranks follow placement (``desired.ranks_follow_placement``): the EndpointSlices that name
+    each placed worker of the attempt under the ranks Service (a thousand slots each,
+    ``desired.ranks_shard``), the pods to give their names, and the job's slices no worker needs
+    any more, to delete. torchrun's rendezvous numbers its agents in the sort order of their
+    addresses, and ``rank_host`` sorts by domain, so the workers of a domain get adjacent node ranks."""
     job = context.job
     topology = job.spec.placement.topology if job.spec.placement is not None else None
     if topology is None or not desired.ranks_follow_placement(job, launch):
-        return None, NOTHING
+        return [], NOTHING
     service = naming.ranks_service_name(job.metadata.name)
-    entries: list[tuple[str, str, str]] = []
+    shards: dict[int, list[tuple[str, str, str]]] = {}
+    family: str | None = None
     actions = NOTHING
     for pod in sorted(current, key=lambda record: record.index if record.index is not None else -1):
         if not (pod.active and pod.pod_ip and pod.node_name and pod.index is not None and pod.uid):
             continue
         domain = context.observed.node_labels.get(pod.node_name, {}).get(topology.key)
         host = rank_host(memory.attempt, domain, pod.index, pod.uid)
-        entries.append((host, pod.pod_ip, pod.node_name))
+        shards.setdefault(desired.ranks_shard(pod.index), []).append((host, pod.pod_ip, pod.node_name))
+        family = family or desired.address_family(pod.pod_ip)
         address = f"{host}.{service}.{job.metadata.namespace}.svc"
         if pod.rank_address != address:
             actions += Actions(address=(Address(pod.name, pod.uid, memory.attempt, address),))
-    slice_ = desired.ranks_endpoint_slice(job, entries)
-    exists = context.observed.has(child_kind(slice_["apiVersion"], slice_["kind"]), service)
-    # written once a worker is placed, and kept current (emptied when none is) from then on
-    return (slice_ if entries or exists else None), actions
+    kind = child_kind(desired.ENDPOINT_SLICE_API, "EndpointSlice")
+    existing = {
+        shard: name
+        for child, name in context.observed.objects
+        if child == kind and (shard := naming.ranks_slice_shard(job.metadata.name, name)) is not None
+    }
+    # the first is written once a worker is placed, and kept current (emptied when none is) from
+    # then on; any other exists only while a worker of its slots is placed
+    if shards or 0 in existing:
+        shards.setdefault(0, [])
+    slices = [
+        desired.ranks_endpoint_slice(job, shard, entries, family or "IPv4") for shard, entries in sorted(shards.items())
+    ]
+    surplus = sorted(name for shard, name in existing.items() if shard not in shards)
+    return slices, actions + Actions(
+        delete=tuple(Deletion("EndpointSlice", name, api_version=desired.ENDPOINT_SLICE_API) for name in surplus)
+    )
