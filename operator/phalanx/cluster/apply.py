@@ -89,11 +89,18 @@ def _missing_owner_permission(error: ApiError) -> str | None:
     return next((missing for words, missing in OWNER_REFERENCE_REFUSALS if words in error.message), None)
 
 
+RANK_ADDRESSES_REFUSED = "RankAddressesRefused"
+
+
 def passing_refusal(kind: str, error: ApiError) -> str | None:
     """The reason of a creation refusal that may pass on its own, or None if it is permanent.
     Missing permissions may pass (an administrator grants them), whether RBAC refused the request
     or an admission plugin that checks RBAC for owner references did, and so does that plugin's
-    not knowing the owner's kind yet."""
+    not knowing the owner's kind yet. The ranks' EndpointSlices never fail a job, whatever refused
+    them (an address the API server does not take, a policy): rank addresses only order the ranks,
+    and each worker falls back to its pod IP (docs/placement.md); status says why they are missing."""
+    if kind == "EndpointSlice" and error.status in (400, 403, 422):
+        return RANK_ADDRESSES_REFUSED
     if error.status == 403 and "exceeded quota" in error.message:
         return "QuotaExceeded"
     if error.status == 403 and (RBAC_REFUSAL.search(error.message) or _missing_owner_permission(error)):
@@ -293,13 +300,29 @@ async def _name_taken(run: Execution, job: Mapping[str, Any], obj: Mapping[str, 
     run.refusals.record(metadata["uid"], job_key, child, "NameConflict", message, now)
 
 
-async def _update(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any], uid: str) -> None:
+async def _update(run: Execution, job: Mapping[str, Any], obj: Mapping[str, Any], uid: str, now: datetime) -> None:
     try:
         response = await run.client.apply(obj, uid=uid)
     except ApiError as error:
         if error.status in (404, 409) or (error.status == 422 and "metadata.uid" in error.message):
             return  # replaced or gone since we looked: the next pass sees it
+        if obj["kind"] == "EndpointSlice" and passing_refusal(obj["kind"], error) is not None:
+            # never aborts the pass (failures, moves and deletions come after it): said in status
+            metadata, name = job["metadata"], obj["metadata"]["name"]
+            child = (child_kind(obj["apiVersion"], obj["kind"]), name)
+            run.refusals.record(
+                metadata["uid"],
+                (metadata["namespace"], metadata["name"]),
+                child,
+                RANK_ADDRESSES_REFUSED,
+                refusal_message(error),
+                now,
+            )
+            return
         raise
+    child = (child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"])
+    if child in run.refusals.of(job["metadata"]["uid"]):
+        run.refusals.clear(job["metadata"]["uid"], child)
     run.children.observe("MODIFIED", response)
 
 
@@ -352,7 +375,7 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
         ident = (child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"])
         record = known.get(ident)
         if obj["kind"] != "Pod" and record is not None and record.uid:
-            await _update(run, job, obj, record.uid)
+            await _update(run, job, obj, record.uid, now)
         elif obj["kind"] != "Pod" or ident[1] not in pods:
             await _create(run, job, obj, now)
 

@@ -66,6 +66,9 @@ def writes(wanted: Iterable[Wanted], observed: Observed, job_uid: str, now: date
         kind, name = child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"]
         record = None if item.create_only else observed.objects.get((kind, name))
         if record is not None:
+            updating = observed.refusals.get((kind, name))
+            if updating is not None:  # an update refused that never fails the job (the ranks' slices)
+                blocked.append((updating.reason, f"updating {kind} {name}: {updating.message}"))
             if record.spec_hash != obj["metadata"]["annotations"][naming.SPEC_HASH_ANNOTATION]:
                 apply.append(obj)
             continue
