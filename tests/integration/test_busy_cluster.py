@@ -87,24 +87,10 @@ def test_a_required_gang_runs_at_once_in_the_tightest_rack_other_tenants_left_ro
     assert took < 60, took  # far below the 120 s a gang waited in a full rack before it was moved
 
     # a gang of 3 still finds a whole rack: d, which best fit left free
-    placed_job_named(kubectl, namespace, pool, operator_placed, "larger", {"min": 3, "max": 3, "desired": 3})
+    placed_job(kubectl, namespace, pool, operator_placed, name="larger", workers={"min": 3, "max": 3, "desired": 3})
     larger = wait_status(kubectl, namespace, lambda s: s.get("phase") == "Running", "Running", 60, name="larger")
     assert larger["placement"] == {"key": RACK, "domain": racks.rack("d")}, larger
     assert racks_of(kubectl, namespace, "larger", rack_of) == {racks.rack("d")}
-
-
-def placed_job_named(
-    kubectl: Kubectl, namespace: str, pool: NodePool, scheduler: str, name: str, workers: dict[str, int]
-) -> None:
-    body = manifest(
-        workers=workers,
-        gpus={"count": 8, "resource": GANG_GPU},
-        gang={"scheduler": scheduler},
-        placement={"topology": {"key": RACK, "mode": "required"}},
-        template={"spec": {"containers": [TRAINER], "nodeSelector": {POOL_LABEL: pool.name}}},
-    )
-    body["metadata"] = {"name": name}
-    kubectl.create(body, namespace=namespace)
 
 
 def test_a_blip_and_a_cordon_in_the_gangs_rack_move_nothing(

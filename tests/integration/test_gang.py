@@ -245,7 +245,13 @@ def racks(pool: NodePool, layout: dict[str, int]) -> dict[str, str]:
 
 
 def placed_job(
-    kubectl: Kubectl, namespace: str, pool: NodePool, scheduler: str, mode: str = "required", **spec: Any
+    kubectl: Kubectl,
+    namespace: str,
+    pool: NodePool,
+    scheduler: str,
+    mode: str = "required",
+    name: str = "placed",
+    **spec: Any,
 ) -> None:
     body = manifest(
         workers=spec.pop("workers", {"min": 3, "max": 4, "desired": 3}),
@@ -255,7 +261,7 @@ def placed_job(
         template={"spec": {"containers": [TRAINER], "nodeSelector": {POOL_LABEL: pool.name}}},
         **spec,
     )
-    body["metadata"] = {"name": "placed"}
+    body["metadata"] = {"name": name}
     kubectl.create(body, namespace=namespace)
 
 
