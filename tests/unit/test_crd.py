@@ -37,6 +37,10 @@ def test_schema_is_structural() -> None:
         assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{path} has no type"
         assert not ("properties" in node and "additionalProperties" in node), path
         assert "title" not in node, path
+        # OpenAPI v3.0, as the API server reads it: exclusive bounds are booleans beside
+        # minimum/maximum (pydantic's gt/lt write JSON Schema's numbers, which it refuses)
+        for bound in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert isinstance(node.get(bound, False), bool), f"{path}.{bound}: use ge/le, not gt/lt"
 
 
 def test_every_spec_and_status_field_is_described() -> None:

@@ -811,7 +811,7 @@ class SlotClaim(ApiModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    index: int = Field(ge=0, lt=MAX_WORKERS)
+    index: int = Field(ge=0, le=MAX_WORKERS - 1)
     """The slot (``phalanx.dev/worker-index``)."""
 
     pod: str = Field(max_length=253)
