@@ -7,8 +7,8 @@ applied; ``metadata`` is checked as any object's is; the OpenAPI schema is check
 ``x-kubernetes-validations`` CEL rule, unless a schema error blocks them (a wrong type, a missing
 required field, an unsupported value, too long or too many), which the API server reports with
 one more line. Transition rules (``oldSelf``) run only when the stored object is given. Rules see
-only the fields the schema declares, as the API server's do: what the pod template keeps beyond
-them (x-kubernetes-preserve-unknown-fields) is invisible to CEL.
+the whole value, the fields x-kubernetes-preserve-unknown-fields keeps included, as the API
+server's do (the template's ``self == oldSelf`` refuses an env edit too; the integration tier checks it).
 
 ``phalanx plan`` prints these refusals exactly as ``kubectl create`` would; the integration tier
 compares them with the real API server's, case by case.
@@ -316,28 +316,14 @@ def _program(expression: str) -> Any:
     return _CEL.program(_CEL.compile(expression))
 
 
-def _declared(node: Schema, value: Any) -> Any:
-    """``value`` as CEL sees it: without what x-kubernetes-preserve-unknown-fields keeps beyond
-    the schema's properties (the API server hides it from every rule)."""
-    if isinstance(value, dict):
-        properties = node.get("properties", {})
-        extra = node.get("additionalProperties")
-        if isinstance(extra, dict):
-            return {name: _declared(properties.get(name, extra), item) for name, item in value.items()}
-        return {name: _declared(properties[name], item) for name, item in value.items() if name in properties}
-    if isinstance(value, list):
-        return [_declared(node.get("items", {}), item) for item in value]
-    return value
-
-
 def _cel_errors(node: Schema, value: Any, old: Any, path: str) -> Iterator[FieldError]:
     for rule in node.get("x-kubernetes-validations", []):
         transition = "oldSelf" in rule["rule"]
         if transition and old is None:
             continue  # transition rules apply to updates only
-        activation = {"self": json_to_cel(_declared(node, value))}
+        activation = {"self": json_to_cel(value)}
         if transition:
-            activation["oldSelf"] = json_to_cel(_declared(node, old))
+            activation["oldSelf"] = json_to_cel(old)
         where = path + rule.get("fieldPath", "")
         outcome = _program(rule["rule"]).evaluate(activation)
         if isinstance(outcome, CELEvalError):

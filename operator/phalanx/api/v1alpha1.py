@@ -506,9 +506,8 @@ class Container(BaseModel):
     image: str = Field(min_length=1)
     """Container image."""
 
-    # Declared so that the template's immutability covers them: CEL sees no field that the schema
-    # leaves to x-kubernetes-preserve-unknown-fields, and the command decides whether the job
-    # is supervised (in-place restarts, spares).
+    # Declared with their types (the API server refuses a command that is no list of strings at
+    # admission): the command decides whether the job is supervised (in-place restarts, spares).
     command: list[str] | None = None
     """The container's entrypoint; the trainer's runs torchrun, or phalanx-supervise before it."""
 
@@ -666,9 +665,8 @@ class TrainingJobSpec(ApiModel):
     do not restart the clock."""
 
     template: PodTemplate = Field(json_schema_extra={"x-kubernetes-validations": [immutable("the pod template")]})
-    """The worker pod template. Immutable in what the schema declares (its labels and annotations,
-    and each container's name, image, command and args: whether the trainer runs phalanx-supervise
-    decides in-place restarts and spares); the API server's rules cannot see the rest."""
+    """The worker pod template. Immutable, the fields the schema passes through included (whether
+    the trainer runs phalanx-supervise decides in-place restarts and spares)."""
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
