@@ -205,7 +205,9 @@ def operator(
     """The operator as a subprocess serving the test's namespace, under the Helm chart's
     ServiceAccount and RBAC (a verb missing from the chart fails the test); its log on failure."""
     release = f"phx-{uuid.uuid4().hex[:6]}"
-    with chart_identity(kubectl, kubeconfig, namespace, release, tmp_path) as identity:
+    # as a cluster-wide install: other namespaces' pods are read for the room they leave on nodes
+    values = ("podRequestsFromAllNamespaces=true",)
+    with chart_identity(kubectl, kubeconfig, namespace, release, tmp_path, values) as identity:
         process = OperatorProcess(identity, tmp_path / "operator.log", namespace=namespace)
         with process:
             yield process

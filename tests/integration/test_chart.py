@@ -136,9 +136,12 @@ def test_namespaced_mode_uses_roles_in_the_listed_namespaces_only() -> None:
         "phalanx-edit",
         "phalanx-view",
     ]
-    # every namespace's pods, read-only, even here: the room their requests leave a node (docs/placement.md)
+    # other namespaces' pods only when asked for (the room their requests leave a node, docs/placement.md)
     nodes_role = by_kind(objects, "ClusterRole")[0]
-    assert {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]} in nodes_role["rules"]
+    assert {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]} in nodes_role["rules"]
+    wider = render("phalanx", "ops", "watchNamespaces={team-a}", "podRequestsFromAllNamespaces=true")
+    rules = by_kind(wider, "ClusterRole")[0]["rules"]
+    assert {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "watch"]} in rules
     args = by_kind(objects, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
     assert not by_kind(objects, "CustomResourceDefinition")
