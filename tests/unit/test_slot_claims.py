@@ -24,7 +24,7 @@ from phalanx.reconcile.slots import DUPLICATE_WORKER
 from phalanx.reconcile.status import format_time
 from tests.unit.local_server import serving
 from tests.unit.simulation import START, World
-from tests.unit.test_spares import slot_of, with_spares
+from tests.unit.test_spares import slot_of, two_spares_on_two_nodes
 
 
 def promoted(plan: Plan) -> list[tuple[str, int]]:
@@ -38,19 +38,6 @@ def holders(world: World) -> dict[str, list[str]]:
         if not pod["metadata"].get("deletionTimestamp") and pod["status"].get("phase") not in ("Succeeded", "Failed"):
             slots.setdefault(slot_of(pod) or "", []).append(pod["metadata"]["name"])
     return slots
-
-
-def two_spares_on_two_nodes() -> World:
-    """Three workers training on node-a; demo-spare-0 waits on node-b, demo-spare-1 on node-a."""
-    world = with_spares(2)
-    world.settle()
-    world.run()
-    world.settle()
-    world.run("demo-spare-0", node="node-b")
-    world.run()
-    world.reconcile()
-    assert world.status["phase"] == "Running" and len(world.spares()) == 2
-    return world
 
 
 def test_a_promotion_is_claimed_in_status_and_the_claim_lasts_as_long_as_its_pod_holds_the_slot() -> None:

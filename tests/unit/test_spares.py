@@ -152,7 +152,8 @@ def test_a_promotion_planned_from_an_older_view_changes_nothing() -> None:
     assert not again.move and world.status["attempt"] == 1
 
 
-def test_spares_on_a_lost_node_or_beyond_the_count_go_and_a_suspended_job_keeps_none() -> None:
+def two_spares_on_two_nodes() -> World:
+    """Three workers training on node-a; demo-spare-0 waits on node-b, demo-spare-1 on node-a."""
     world = with_spares(2)
     world.settle()
     world.run()
@@ -160,6 +161,12 @@ def test_spares_on_a_lost_node_or_beyond_the_count_go_and_a_suspended_job_keeps_
     world.run("demo-spare-0", node="node-b")
     world.run()
     world.reconcile()
+    assert world.status["phase"] == "Running" and len(world.spares()) == 2
+    return world
+
+
+def test_spares_on_a_lost_node_or_beyond_the_count_go_and_a_suspended_job_keeps_none() -> None:
+    world = two_spares_on_two_nodes()
     world.lose_node("node-b")
     gone = world.reconcile()
     assert "demo-spare-0" in {d.name for d in gone.delete}
