@@ -25,3 +25,13 @@ The rendezvous numbers agents in the sort order of their addresses, so these nam
 RANK_ADDRESS_ENV = "PHALANX_RANK_ADDRESS"
 """Set to 1 when the operator gives the pod rank addresses: the supervisor then waits (a while) for
 the attempt's address to resolve to the pod before it starts torchrun with it."""
+
+PROGRESS_KEY = "phalanx/training-progress"
+"""Rendezvous-store key under which rank 0 keeps its latest ``phalanx.worker.progress.report``:
+JSON with job (``PHALANX_JOB_UID``), attempt, step, totalSteps, time and a few named metrics
+(docs/worker.md). The store pod serves it to the operator as ``phalanx_training_progress_*`` only
+when it names the store's own job and stays within the bounds of ``PROGRESS_LIMITS``."""
+PROGRESS_MAX_BYTES = 4096
+PROGRESS_MAX_METRICS = 8
+PROGRESS_METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]{0,62}$"
+"""A metric's name in a progress record (the worker replaces other characters with ``_``)."""
