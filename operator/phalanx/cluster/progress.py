@@ -34,6 +34,7 @@ import ipaddress
 import itertools
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -46,7 +47,7 @@ from phalanx import metrics
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey
 from phalanx.reconcile import naming
 from phalanx.reconcile.environment import WORKER_METRICS_PORT
-from phalanx.reconcile.observed import Completion, PodRecord, WorkerProgress
+from phalanx.reconcile.observed import Completion, PodRecord, ReportedMetric, ReportedProgress, WorkerProgress
 from phalanx.reconcile.status import TRAINING
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,21 @@ RUN_START = "phalanx_worker_run_start_timestamp_seconds"
 CHECKPOINT_STEP = "phalanx_worker_last_checkpoint_step"
 CHECKPOINT_TIME = "phalanx_worker_last_checkpoint_timestamp_seconds"
 COMPLETED = ("phalanx_training_completed_attempt", "phalanx_training_completed_step", "phalanx_training_completed_rank")
+PROGRESS = "phalanx_training_progress_"
+PROGRESS_SERIES = tuple(
+    PROGRESS + name
+    for name in (
+        "attempt",
+        "step",
+        "total_steps",
+        "timestamp_seconds",
+        "metric",
+        "metric_step",
+        "metric_timestamp_seconds",
+    )
+)
+METRIC_NAME = re.compile(naming.PROGRESS_METRIC_NAME.removeprefix("^").removesuffix("$"))
+MAX_METRIC_VALUE = 1e300
 MAX_COUNT = 2**53  # steps, ranks, attempts: beyond a float's exact integers a value is garbage
 EARLIEST_CHECKPOINT, LATEST_CHECKPOINT = 946684800.0, 7258118400.0  # 2000-01-01 .. 2200-01-01
 JOB_LABEL = "job"
@@ -150,6 +166,52 @@ def parse_completion(text: str) -> Completion | None:
         step=_count(_value(values, COMPLETED[1])),
         rank=_count(_value(values, COMPLETED[2])),
         job_uid=values[COMPLETED[0]][1],
+    )
+
+
+def parse_reported_progress(text: str, job_uid: str) -> ReportedProgress | None:
+    """Rank 0's progress report out of the store's page: only series labelled with ``job_uid``,
+    each value sane, metrics with a valid name and all three of their series, the first
+    ``naming.PROGRESS_MAX_METRICS`` by name. None when the page has no whole report of this job."""
+    job: dict[str, float] = {}
+    metrics: dict[str, dict[str, float]] = {}
+    try:
+        for family in text_string_to_metric_families(_wanted_lines(text, set(PROGRESS_SERIES))):
+            for sample in family.samples:
+                if sample.labels.get(JOB_LABEL) != job_uid or sample.name not in PROGRESS_SERIES:
+                    continue
+                field = sample.name.removeprefix(PROGRESS)
+                if field.startswith("metric"):
+                    name = sample.labels.get("name", "")
+                    if METRIC_NAME.fullmatch(name):
+                        metrics.setdefault(name, {})[field] = float(sample.value)
+                else:
+                    job[field] = float(sample.value)
+    except Exception as error:  # the parser raises whatever it meets
+        raise ProgressError(f"not Prometheus text: {error}") from error
+    attempt, step, at = _count(job.get("attempt")), _count(job.get("step")), _time(job.get("timestamp_seconds"))
+    if attempt is None or step is None or at is None:
+        return None
+    reported = []
+    for name in sorted(metrics):
+        series = metrics[name]
+        value, taken, seen = (
+            series.get("metric"),
+            _count(series.get("metric_step")),
+            _time(series.get("metric_timestamp_seconds")),
+        )
+        finite = value is not None and math.isfinite(value) and abs(value) <= MAX_METRIC_VALUE
+        if finite and value is not None and taken is not None and seen is not None:
+            reported.append(ReportedMetric(name=name, value=value, step=taken, time=seen))
+        if len(reported) == naming.PROGRESS_MAX_METRICS:
+            break
+    return ReportedProgress(
+        job_uid=job_uid,
+        attempt=attempt,
+        step=step,
+        total_steps=_count(job.get("total_steps"), minimum=1),
+        time=at,
+        metrics=tuple(reported),
     )
 
 
@@ -270,6 +332,7 @@ class ProgressPoller:
         self._concurrency = max(1, concurrency)
         self._latest: dict[JobKey, WorkerProgress] = {}
         self._completed: dict[JobKey, Completion] = {}
+        self._reported: dict[JobKey, ReportedProgress] = {}
         self._due: dict[JobKey, float] = {}
         """When (event loop time) each training job is to be scraped next."""
         self._running: dict[JobKey, asyncio.Task[None]] = {}
@@ -288,9 +351,14 @@ class ProgressPoller:
     def completion(self, key: JobKey) -> Completion | None:
         return self._completed.get(key)
 
+    def reported(self, key: JobKey) -> ReportedProgress | None:
+        """Rank 0's latest progress report (kept after the job stops training: its last words)."""
+        return self._reported.get(key)
+
     def forget(self, key: JobKey) -> None:
         self._latest.pop(key, None)
         self._completed.pop(key, None)
+        self._reported.pop(key, None)
         self._due.pop(key, None)
         self._answering.discard(key)
 
@@ -414,7 +482,7 @@ class ProgressPoller:
             if worker is not None:
                 scrapes.append(self._scrape_worker(key, worker, attempt, _progress_deadline(body)))
             if store is not None:
-                scrapes.append(self._scrape_store(key, store))
+                scrapes.append(self._scrape_store(key, store, str(body["metadata"].get("uid", ""))))
             answered = await asyncio.gather(*scrapes)
             if key in self._due and all(answered):
                 self._answering.add(key)
@@ -507,15 +575,18 @@ class ProgressPoller:
         )
         return replace(now, stepped_since=before.stepped_since if same and before is not None else seen)
 
-    async def _scrape_store(self, key: JobKey, pod: PodRecord) -> bool:
-        """File what the store says about completion; whether it answered readably."""
+    async def _scrape_store(self, key: JobKey, pod: PodRecord, job_uid: str) -> bool:
+        """File what the store says about completion and rank 0's progress; whether it answered
+        readably."""
         try:
             text = await self._fetch(pod)
-            completion = await asyncio.to_thread(parse_completion, text) if text is not None else None
+            completion, reported = (
+                await asyncio.to_thread(_store_page, text, job_uid) if text is not None else (None, None)
+            )
         except Exception as error:
             self.errors += 1
             logger.warning("unreadable status from %s: %s", pod.name, error)
-            text = completion = None
+            text = completion = reported = None
         if self._jobs.get(key) is None:
             return True  # deleted meanwhile: no series of it comes back
         if text is None:
@@ -524,4 +595,11 @@ class ProgressPoller:
         if completion is not None and self._completed.get(key) != completion:
             self._completed[key] = completion
             self._wake(key)
+        if reported is not None and self._reported.get(key) != reported:
+            self._reported[key] = reported
+            self._wake(key)  # the planner paces the status writes (plan.progress_report)
         return True
+
+
+def _store_page(text: str, job_uid: str) -> tuple[Completion | None, ReportedProgress | None]:
+    return parse_completion(text), parse_reported_progress(text, job_uid)

@@ -316,6 +316,7 @@ class Runtime:
             self.nodes.unready(),
             progress=self.progress.get(key) if self.progress is not None else None,
             completion=self.progress.completion(key) if self.progress is not None else None,
+            reported=self.progress.reported(key) if self.progress is not None else None,
             refusals=self.refusals.of(job.metadata.uid),
             missing_apis=self.missing_apis(job.metadata.namespace),
             node_capacity=self.capacity(),

@@ -150,6 +150,15 @@ store pod serves it as ``phalanx_training_completed_*``. A wire contract with ph
 ``protocol.COMPLETION_KEY``), which ships in a distribution of its own."""
 
 
+PROGRESS_KEY = "phalanx/training-progress"
+"""Rendezvous-store key under which rank 0 keeps its latest progress report (steps, a few named
+metrics); the store pod serves it as ``phalanx_training_progress_*``. The same wire contract as
+``protocol.PROGRESS_KEY`` and its bounds below."""
+PROGRESS_MAX_BYTES = 4096
+PROGRESS_MAX_METRICS = 8
+PROGRESS_METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]{0,62}$"
+
+
 def rendezvous_endpoint(job_name: str, namespace: str, port: int) -> str:
     """The store's address as workers dial it (resolved through the cluster's DNS search path)."""
     return f"{rendezvous_name(job_name)}.{namespace}.svc:{port}"

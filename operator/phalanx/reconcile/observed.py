@@ -152,6 +152,35 @@ class Completion:
 
 
 @dataclass(frozen=True)
+class ReportedMetric:
+    """One named training metric of a progress report, with the step and time it was taken at."""
+
+    name: str
+    value: float
+    step: int
+    time: datetime
+
+
+@dataclass(frozen=True)
+class ReportedProgress:
+    """Rank 0's latest progress report (``phalanx.worker.report``), as the store pod serves it.
+
+    The record outlives the attempt that wrote it: after a gang restart it is the job's last known
+    progress until the new attempt reports, so it counts whatever its ``attempt`` (the planner
+    restarts its rate window when the step goes back). A record naming another job never counts."""
+
+    job_uid: str
+    """The UID of the TrainingJob the record names (``PHALANX_JOB_UID``)."""
+    attempt: int
+    step: int
+    total_steps: int | None
+    time: datetime
+    """When rank 0 made the report (its clock)."""
+    metrics: tuple[ReportedMetric, ...] = ()
+    """At most ``naming.PROGRESS_MAX_METRICS``, by name."""
+
+
+@dataclass(frozen=True)
 class JobIsolation:
     """The operator's setting to fence each job's pods with a NetworkPolicy of the job's own
     (``PHALANX_JOB_NETWORK_POLICY``)."""
@@ -219,6 +248,8 @@ class Observed:
     """Nodes whose Ready condition is not True now."""
     progress: WorkerProgress | None = None
     completion: Completion | None = None
+    reported: ReportedProgress | None = None
+    """Rank 0's latest progress report, from the store pod (any job's: the planner checks the UID)."""
     foreign: frozenset[ChildKey] = frozenset()
     """(child kind, name) of objects labelled with this job's name that another owner (or none) controls."""
     refusals: Mapping[ChildKey, Refusal] = field(default_factory=dict)
