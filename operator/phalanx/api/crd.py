@@ -141,6 +141,12 @@ def printer_columns() -> list[dict[str, Any]]:
             "jsonPath": ".status.workerSummary",
             "description": "ready/desired workers",
         },
+        {
+            "name": "Progress",
+            "type": "string",
+            "jsonPath": ".status.progress.summary",
+            "description": "percent of totalSteps and time left, as rank 0 reports (phalanx.worker.report)",
+        },
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},

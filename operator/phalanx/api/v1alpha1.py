@@ -730,6 +730,69 @@ class LastCheckpoint(ApiModel):
     """When it was committed."""
 
 
+class ProgressMetric(ApiModel):
+    """A named training metric rank 0 reported (``phalanx.worker.report(metrics=...)``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(max_length=63)
+    value: float
+    step: int
+    """The training step it was taken at."""
+    time: str
+    """When it was taken (rank 0's clock)."""
+
+
+class ProgressSample(ApiModel):
+    """A step count as the operator saw it, for the rate behind ``etaSeconds``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: int
+    time: str
+    """When the operator wrote it (its clock)."""
+
+
+class TrainingProgress(ApiModel):
+    """Training progress as rank 0 reports it (``phalanx.worker.report``), kept after the job ends."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    attempt: int = 0
+    """The gang attempt that reported it (an earlier one's report stands until the new one reports)."""
+
+    step: int
+    """The training step rank 0 last reported."""
+
+    total_steps: int | None = None
+    """The steps the training will take, when rank 0 says."""
+
+    percent: int | None = Field(default=None, ge=0, le=100)
+    """step / totalSteps in whole percent (100 once the job succeeded); absent without totalSteps."""
+
+    eta_seconds: int | None = None
+    """Seconds left at the rate of steps over the last few reports the operator saw; absent when
+    unknown: without totalSteps or two reports, right after a restart from a checkpoint (the step
+    went back), when the step has not moved for a while, and once the job does not train."""
+
+    time: str
+    """When rank 0 made the report (its clock)."""
+
+    summary: str | None = None
+    """The percent and ETA (or the step), for kubectl get."""
+
+    metrics: list[ProgressMetric] | None = Field(
+        default=None,
+        max_length=8,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """At most 8 named metrics (loss, ...) with the step and time each was taken at."""
+
+    samples: list[ProgressSample] | None = Field(default=None, max_length=8)
+    """The operator's window of (step, time) behind etaSeconds, one per write of this field (at
+    most one per 10 s), kept here so an operator restart keeps the rate."""
+
+
 JobState = Literal["queued", "starting", "training", "recovering", "suspended"]
 
 
@@ -883,6 +946,10 @@ class TrainingJobStatus(ApiModel):
 
     last_checkpoint: LastCheckpoint | None = None
     """The newest committed checkpoint (kept across gang restarts and after the job ends)."""
+
+    progress: TrainingProgress | None = None
+    """Training progress as rank 0 reports it: step, percent, ETA and a few metrics (written at
+    most once per 10 s; kept after the job ends)."""
 
     replicas: int = 0
     """Active workers, for the scale subresource."""

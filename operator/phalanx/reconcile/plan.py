@@ -25,6 +25,7 @@ from phalanx.reconcile.decision import Context, Decision, Memory, concluded, fin
 from phalanx.reconcile.goodput import time_by_state
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.status import TRAINING, PhaseView, conditions, format_time, parse_time
+from phalanx.reconcile.training_progress import training_progress
 
 Object = dict[str, Any]
 
@@ -131,6 +132,11 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         status["workers"]["spares"] = spares_ready
     if checkpoint is not None:
         status["lastCheckpoint"] = checkpoint
+    progress, progress_due = training_progress(
+        previous, observed.reported, job_uid=job.metadata.uid, phase=view.phase, now=now
+    )
+    if progress is not None:  # None: the one there stands (a merge patch keeps it)
+        status["progress"] = progress
     if decision.restart_mode is not None:
         status["restartMode"] = decision.restart_mode
     status["startTime"] = memory.start_time
@@ -143,7 +149,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         {"node": entry.node, "reason": entry.reason, "message": entry.message, "until": entry.until}
         for entry in memory.avoided
     ] or None
-    requeue = decision.actions.requeue
+    requeue = [*decision.actions.requeue, *([progress_due] if progress_due is not None else [])]
     return Plan(
         apply=decision.apply,
         delete=deletions,
@@ -213,7 +219,9 @@ def status_changed(current: api.TrainingJobStatus | dict[str, Any] | None, propo
 
 # Status keys that only report progress (counts and their wording); everything else (phase,
 # reason, conditions, attempt, counters, counted failures) is a decision and is written at once.
-PROGRESS_KEYS = frozenset({"message", "workers", "replicas", "workerSummary", "trainingSeconds", "lastCheckpoint"})
+PROGRESS_KEYS = frozenset(
+    {"message", "workers", "replicas", "workerSummary", "trainingSeconds", "lastCheckpoint", "progress"}
+)
 
 
 def progress_only(current: api.TrainingJobStatus | dict[str, Any] | None, proposed: dict[str, Any]) -> bool:

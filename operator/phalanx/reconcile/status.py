@@ -33,6 +33,39 @@ def parse_time(text: str | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+def human_duration(seconds: float) -> str:
+    """A duration as kubectl prints ages (apimachinery's ``duration.HumanDuration``)."""
+    whole = int(seconds)
+    if whole < -1:
+        return "<invalid>"
+    if whole < 0:
+        return "0s"
+    if whole < 120:
+        return f"{whole}s"
+    minutes = whole // 60
+    if minutes < 10:
+        rest = whole % 60
+        return f"{minutes}m{rest}s" if rest else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        rest = minutes % 60
+        return f"{hours}h{rest}m" if rest else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    days = hours // 24
+    if hours < 24 * 8:
+        rest = hours % 24
+        return f"{days}d{rest}h" if rest else f"{days}d"
+    if days < 365 * 2:
+        return f"{days}d"
+    years, rest = divmod(days, 365)
+    if years < 8 and rest:
+        return f"{years}y{rest}d"
+    return f"{years}y"
+
+
 @dataclass(frozen=True)
 class PhaseView:
     """The phase with its reason and message."""
