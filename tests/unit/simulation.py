@@ -25,6 +25,7 @@ from phalanx.reconcile.observed import (
     Observed,
     QueuedWorkload,
     Refusal,
+    ReportedProgress,
     WorkerProgress,
     child_kind,
     object_record,
@@ -74,6 +75,7 @@ class World:
         self.retry_batch = 1  # RefusalMemory.batch
         self.progress: WorkerProgress | None = None  # what the operator last scraped from a worker
         self.completion: Completion | None = None  # what the operator last read from the store
+        self.reported: ReportedProgress | None = None  # rank 0's progress report, from the store
         self.refusals: dict[tuple[str, str], Refusal] = {}  # creations the API server refused, by (kind, name)
         self.foreign: set[tuple[str, str]] = set()  # names held by objects this job does not control
         self.missing_apis: dict[str, str] = {}
@@ -131,6 +133,7 @@ class World:
             unready_nodes=frozenset(self.unready_nodes),
             progress=self.progress,
             completion=self.completion,
+            reported=self.reported,
             foreign=frozenset(self.foreign),
             refusals=dict(self.refusals),
             missing_apis=dict(self.missing_apis),

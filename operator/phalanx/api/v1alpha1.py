@@ -736,7 +736,11 @@ class ProgressMetric(ApiModel):
     model_config = ConfigDict(extra="ignore")
 
     name: str = Field(max_length=63)
+    """The metric's name as the training gave it (letters, digits, ``_./-``)."""
+
     value: float
+    """Its latest value."""
+
     step: int
     """The training step it was taken at."""
     time: str
@@ -749,6 +753,8 @@ class ProgressSample(ApiModel):
     model_config = ConfigDict(extra="ignore")
 
     step: int
+    """The step rank 0 had reported."""
+
     time: str
     """When the operator wrote it (its clock)."""
 

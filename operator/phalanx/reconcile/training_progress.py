@@ -134,4 +134,7 @@ def training_progress(
     if recheck is not None:
         again = max(0.0, (recheck - now).total_seconds())
         wait = again if wait is None else min(wait, again)
-    return (progress if progress != before else None), wait
+    if progress == before:
+        return None, wait
+    # a merge patch: a field the new value lacks (an ETA taken back) is removed by null
+    return {**dict.fromkeys(before or {}), **progress}, wait
