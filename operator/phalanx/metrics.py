@@ -60,6 +60,15 @@ RESTART_BUDGET_LIMIT = Gauge(
 RESTARTS = Counter("phalanx_job_restarts_total", "Worker replacements and gang restarts by reason.", [*JOB, "reason"])
 RESCALES = Counter("phalanx_job_rescales_total", "Changes of the desired worker count.", [*JOB, "direction"])
 GOODPUT = Gauge("phalanx_job_goodput_ratio", "Time spent training over wall time since creation (0..1).", JOB)
+TRAINING_STEP = Gauge("phalanx_job_training_step", "The training step rank 0 last reported (status.progress).", JOB)
+TRAINING_PERCENT = Gauge(
+    "phalanx_job_training_progress_percent", "Reported step over totalSteps, in percent (status.progress).", JOB
+)
+TRAINING_ETA = Gauge(
+    "phalanx_job_training_eta_seconds",
+    "Seconds of training left at the recent rate of steps (status.progress); absent when unknown.",
+    JOB,
+)
 STARTUP = Histogram(
     "phalanx_job_startup_duration_seconds",
     "Time from a job's creation until it first trained.",
@@ -153,6 +162,9 @@ _PER_JOB = (
     RESTART_BUDGET_USED,
     RESTART_BUDGET_LIMIT,
     GOODPUT,
+    TRAINING_STEP,
+    TRAINING_PERCENT,
+    TRAINING_ETA,
 )
 
 
@@ -236,6 +248,7 @@ def observe_job(key: tuple[str, str], sample: JobSample) -> None:
         RESTART_BUDGET_LIMIT.labels(namespace, name).set(sample.max_restarts)
     GOODPUT.labels(namespace, name).set(goodput(status, sample.created, sample.now))
     JOB_TIME.observe(key, {**sample.previous_status, **status})
+    observe_training_progress(key, status.get("progress", sample.previous_status.get("progress")))
     if sample.rescaled:
         RESCALES.labels(namespace, name, sample.rescaled).inc()
     started = parse_time(status.get("startTime"))
@@ -255,6 +268,18 @@ def observe_job(key: tuple[str, str], sample: JobSample) -> None:
     _seen[key] = _Seen(phase, by_reason)
     if seen is None or seen.phase != phase:
         _move_job(seen.phase if seen is not None else None, phase, new=seen is None)
+
+
+def observe_training_progress(key: tuple[str, str], progress: Mapping[str, Any] | None) -> None:
+    """Export what status.progress says; a value it lacks (no total, no ETA) is no series, not 0."""
+    values = progress or {}
+    for gauge, field in ((TRAINING_STEP, "step"), (TRAINING_PERCENT, "percent"), (TRAINING_ETA, "etaSeconds")):
+        value = values.get(field)
+        if isinstance(value, int) and not isinstance(value, bool):
+            gauge.labels(*key).set(value)
+        else:
+            with contextlib.suppress(KeyError):
+                gauge.remove(*key)
 
 
 def _move_job(before: str | None, after: str | None, *, new: bool = False, gone: bool = False) -> None:

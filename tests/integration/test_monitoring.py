@@ -214,6 +214,7 @@ def operator_exposition() -> str:
             "state": "training",
             "since": "2026-12-01T11:05:30Z",
         },
+        "progress": {"step": 250, "totalSteps": 1000, "percent": 25, "etaSeconds": 600, "time": "2026-12-01T11:59:00Z"},
     }
     for previous, status, rescaled in (({}, pending, None), (pending, running, "up")):
         sample = metrics.JobSample(

@@ -207,3 +207,55 @@ def test_the_operator_reads_a_hostile_store_page_as_untrusted() -> None:
     zero_total = [line.replace(" 100", " 0") for line in job_lines()]
     reported = parse_reported_progress(page(zero_total), JOB_UID)
     assert reported is not None and reported.total_steps is None
+
+
+def store_pod(port: int) -> dict[str, Any]:
+    owner = {"apiVersion": "phalanx.dev/v1alpha1", "kind": "TrainingJob", "name": "demo", "uid": JOB_UID}
+    return {
+        "kind": "Pod",
+        "metadata": {
+            "namespace": "ml",
+            "name": "demo-rendezvous",
+            "resourceVersion": "2",
+            "uid": "uid-store",
+            "ownerReferences": [{**owner, "controller": True}],
+            "labels": {naming.JOB_NAME_LABEL: "demo", naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS},
+        },
+        "spec": {"containers": [{"name": "store", "ports": [{"name": naming.METRICS_PORT_NAME, "containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def test_the_poller_files_the_stores_report_for_its_job_and_wakes_it_only_on_change() -> None:
+    import asyncio
+
+    from phalanx.cluster.cache import ChildCache, JobCache
+    from phalanx.cluster.progress import ProgressPoller
+    from tests.unit.text_page import TextPage
+
+    key = ("ml", "demo")
+    with TextPage(page(job_lines() + metric_lines("loss"))) as store_page:
+        jobs, children = JobCache(), ChildCache()
+        jobs.update(
+            {"metadata": {"namespace": "ml", "name": "demo", "uid": JOB_UID, "resourceVersion": "1"},
+             "status": {"phase": "Running", "attempt": 1}}
+        )  # fmt: skip
+        children.observe("ADDED", store_pod(store_page.port))
+        woken: list[tuple[str, str]] = []
+        poller = ProgressPoller(jobs, children, woken.append, interval=60)
+
+        async def polls() -> None:
+            async with poller:
+                await poller.poll_once()
+                await poller.poll_once()  # the same report: nobody woken
+                store_page.text = page([line.replace(" 50", " 60") for line in job_lines()])
+                await poller.poll_once()
+                store_page.text = page(job_lines(OTHER_UID))  # another job's: not filed
+                await poller.poll_once()
+
+        asyncio.run(polls())
+    assert woken == [key, key]
+    reported = poller.reported(key)
+    assert reported is not None and (reported.job_uid, reported.step, reported.metrics) == (JOB_UID, 60, ())
+    poller.forget(key)
+    assert poller.reported(key) is None

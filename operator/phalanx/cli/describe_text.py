@@ -320,6 +320,32 @@ def time_by_state(status: Mapping[str, Any], now: datetime) -> list[str]:
     return lines
 
 
+def progress(status: Mapping[str, Any], now: datetime) -> list[str]:
+    """Rank 0's reported progress (``status.progress``): step of total, percent, time left, and
+    each metric with the step it was taken at and its age."""
+    try:
+        shown = api.TrainingProgress.model_validate(status["progress"]) if status.get("progress") else None
+    except pydantic.ValidationError:
+        shown = None
+    if shown is None:
+        return [field("Progress", NONE)]
+    text = f"step {shown.step}" + (f" of {shown.total_steps}" if shown.total_steps else "")
+    if shown.percent is not None:
+        text += f" ({shown.percent}%)"
+    if shown.eta_seconds is not None:
+        text += f", {human_duration(shown.eta_seconds)} left"
+    elif status.get("phase") in ("Running", "Rescaling") and shown.total_steps:
+        text += ", time left unknown"
+    lines = [
+        field("Progress", text),
+        field("  Reported", f"{_time_and_age(shown.time, now)} by attempt {shown.attempt}"),
+    ]
+    if shown.metrics:
+        rows = [[m.name, f"{m.value:.6g}", str(m.step), age(m.time, now)] for m in shown.metrics]
+        lines += ["  Metrics:", *table(("NAME", "VALUE", "STEP", "AGE"), rows, indent="    ")]
+    return lines
+
+
 def describe(
     job: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]],
@@ -367,6 +393,7 @@ def describe(
         lines.append(field("Last Checkpoint", f"step {checkpoint.get('step')} at {_time_and_age(stamp, now)}"))
     else:
         lines.append(field("Last Checkpoint", NONE))
+    lines += progress(status, now)
     lines.append(field("Started", _time_and_age(status.get("startTime"), now)))
     if status.get("completionTime"):
         lines.append(field("Completed", _time_and_age(status.get("completionTime"), now)))
