@@ -221,7 +221,9 @@ def store_pod(port: int) -> dict[str, Any]:
             "ownerReferences": [{**owner, "controller": True}],
             "labels": {naming.JOB_NAME_LABEL: "demo", naming.ROLE_LABEL: naming.ROLE_RENDEZVOUS},
         },
-        "spec": {"containers": [{"name": "store", "ports": [{"name": naming.METRICS_PORT_NAME, "containerPort": port}]}]},
+        "spec": {
+            "containers": [{"name": "store", "ports": [{"name": naming.METRICS_PORT_NAME, "containerPort": port}]}]
+        },
         "status": {"phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
     }
 
