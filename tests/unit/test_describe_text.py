@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from phalanx.cli import describe_text
-from phalanx.cli.describe_text import human_duration
+from phalanx.reconcile.status import human_duration
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 UID = "0b6f3f9e-5a0c-4c1e-9d55-4a2b7c1d0e11"

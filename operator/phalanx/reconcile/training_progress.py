@@ -16,7 +16,7 @@ new attempt begins a new rate window.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from phalanx.api import v1alpha1 as api
@@ -45,13 +45,19 @@ def reported_fields(report: ReportedProgress) -> dict[str, Any]:
     return fields
 
 
+def sample_time(moment: datetime) -> str:
+    """RFC 3339 in UTC to the millisecond: the pacing is measured from it, and a time cut to the
+    second would let two writes come less than ``WRITE_SECONDS`` apart."""
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def next_samples(
     samples: list[dict[str, Any]], fields: dict[str, Any], previous_attempt: int | None, now: datetime
 ) -> list[dict[str, Any]]:
     """The window with this write's sample: a new one after a step that went back or a new attempt."""
     if samples and (fields["step"] < samples[-1]["step"] or fields["attempt"] != previous_attempt):
         samples = []
-    return [*samples, {"step": fields["step"], "time": format_time(now)}][-WINDOW:]
+    return [*samples, {"step": fields["step"], "time": sample_time(now)}][-WINDOW:]
 
 
 def eta_seconds(samples: list[dict[str, Any]], total: int | None, now: datetime) -> tuple[int | None, datetime | None]:
