@@ -6,7 +6,9 @@ completed. The poller scrapes, for each job that trains, one ready worker (the l
 current attempt) and the store, over plain HTTP, every ``interval`` seconds on a timer of the job's
 own, a bounded number of jobs at once, taking turns by namespace; it keeps the result per job and
 wakes the job when it changed, so the planner writes
-``status.workers.worldSize`` and ``status.lastCheckpoint``, and ends a completed job. No RBAC and
+``status.workers.worldSize`` and ``status.lastCheckpoint``, ends a completed job, and writes rank
+0's progress report, which the store also serves (``parse_reported_progress``), into
+``status.progress`` (paced by the planner). No RBAC and
 no code in the training pod are needed; the operator must reach pod IPs on that port (a
 NetworkPolicy that blocks it only leaves those fields out).
 
