@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJobStatus
@@ -177,7 +177,7 @@ def test_a_report_of_another_job_never_counts_and_one_of_an_earlier_attempt_does
 
 
 def test_eta_needs_the_step_to_move() -> None:
-    start = datetime(2026, 11, 30, 12, 0)
+    start = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     samples: list[dict[str, Any]] = [
         {"step": 10, "time": "2026-11-30T12:00:00Z"},
         {"step": 10, "time": "2026-11-30T12:00:10Z"},
@@ -214,3 +214,23 @@ def test_kubectl_get_shows_a_progress_column_that_the_crd_schema_serves() -> Non
     assert {"summary", "percent", "etaSeconds", "metrics", "samples"} <= set(progress["properties"])
     assert progress["properties"]["percent"]["maximum"] == 100
     assert progress["properties"]["metrics"]["maxItems"] == 8
+
+
+def test_a_sample_whose_time_cannot_be_read_begins_a_new_window() -> None:
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+    for unreadable in ("yesterday", "2026-11-30T11:59:00"):  # garbage; no zone
+        status = TrainingJobStatus.model_validate(
+            {
+                "phase": "Running",
+                "progress": {
+                    "step": 10,
+                    "totalSteps": 100,
+                    "time": "2026-11-30T11:59:00Z",
+                    "samples": [{"step": 5, "time": "2026-11-30T11:58:00Z"}, {"step": 10, "time": unreadable}],
+                },
+            }
+        )
+        fresh = ReportedProgress(job_uid=UID, attempt=0, step=20, total_steps=100, time=now)
+        progress, _ = training_progress(status, fresh, job_uid=UID, phase="Running", now=now)
+        assert progress is not None and progress["step"] == 20 and "etaSeconds" not in progress
+        assert progress["samples"] == [{"step": 20, "time": "2026-11-30T12:00:00.000Z"}]

@@ -51,11 +51,24 @@ def sample_time(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def sample_moment(text: object) -> datetime | None:
+    """A sample's time as written, or None for one that cannot be read (a new window begins)."""
+    try:
+        moment = parse_time(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return moment if moment is not None and moment.tzinfo is not None else None
+
+
 def next_samples(
     samples: list[dict[str, Any]], fields: dict[str, Any], previous_attempt: int | None, now: datetime
 ) -> list[dict[str, Any]]:
     """The window with this write's sample: a new one after a step that went back or a new attempt."""
-    if samples and (fields["step"] < samples[-1]["step"] or fields["attempt"] != previous_attempt):
+    if samples and (
+        fields["step"] < samples[-1]["step"]
+        or fields["attempt"] != previous_attempt
+        or any(sample_moment(sample["time"]) is None for sample in samples)
+    ):
         samples = []
     return [*samples, {"step": fields["step"], "time": sample_time(now)}][-WINDOW:]
 
@@ -65,7 +78,7 @@ def eta_seconds(samples: list[dict[str, Any]], total: int | None, now: datetime)
     (when to look again; None: no ETA to take back)."""
     if total is None or len(samples) < 2:
         return None, None
-    times = [parse_time(sample["time"]) for sample in samples]
+    times = [sample_moment(sample["time"]) for sample in samples]
     first, last = times[0], times[-1]
     if first is None or last is None or last <= first:
         return None, None
@@ -74,8 +87,9 @@ def eta_seconds(samples: list[dict[str, Any]], total: int | None, now: datetime)
         return None, None
     span = (last - first).total_seconds()
     # since when the step stands where it is: the first sample of the window at the last value
-    moved = next(t for s, t in zip(samples, times, strict=True) if s["step"] == samples[-1]["step"])
-    assert moved is not None
+    moved = next((t for s, t in zip(samples, times, strict=True) if s["step"] == samples[-1]["step"]), None)
+    if moved is None:
+        return None, None
     stalled = moved + timedelta(seconds=max(STALLED_SECONDS, 3 * span / (len(samples) - 1)))
     if now >= stalled:
         return None, None
@@ -124,7 +138,7 @@ def training_progress(
         fresh = None  # nothing new
     samples: list[dict[str, Any]] = list(before.get("samples") or []) if before else []
     wait = None
-    written = parse_time(samples[-1]["time"]) if samples else None
+    written = sample_moment(samples[-1]["time"]) if samples else None
     if fresh is not None and written is not None and phase == previous.phase:
         due = written + timedelta(seconds=WRITE_SECONDS)
         if now < due:  # paced: the newest report goes out when due
