@@ -1,0 +1,150 @@
+"""The SDK on the real node, as an ML engineer uses it: a Python script and a notebook submit work,
+wait for it, stream its logs and read its progress, with nothing but the distribution and a
+kubeconfig. The operator here runs under the chart's RBAC; the SDK logs in with the cluster admin's
+kubeconfig (a user's), given through ``KUBECONFIG`` as a notebook user would have it."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster.kube import Kubectl
+from tests.integration.operator_process import OperatorProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOTEBOOK_BEGIN, NOTEBOOK_END = "<!-- notebook: begin -->", "<!-- notebook: end -->"
+
+
+def user_kubeconfig(real_cluster: Any, namespace: str, directory: pathlib.Path) -> pathlib.Path:
+    """The cluster's kubeconfig with the test's namespace as its context's: the SDK's default
+    namespace comes from it, as kubectl's does."""
+    config = yaml.safe_load(pathlib.Path(real_cluster.kubeconfig).read_text())
+    for context in config.get("contexts") or []:
+        context["context"]["namespace"] = namespace
+    path = directory / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def user_environment(kubeconfig: pathlib.Path) -> dict[str, str]:
+    """A user's environment: the kubeconfig, and phalanx importable from this checkout."""
+    environment = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    environment["PYTHONPATH"] = os.pathsep.join([str(ROOT / "operator"), environment.get("PYTHONPATH", "")])
+    return environment
+
+
+SCRIPT = """\
+import json, sys
+from phalanx.sdk import Client
+
+phases = []
+with Client() as client:
+    job = client.submit(sys.argv[1])
+    client.wait(job.name, until="Running", timeout=240, on_change=lambda s: phases.append(s.phase))
+    lines = [str(line) for line in client.logs(job.name, follow=True)]
+    final = client.wait(job.name, timeout=300, on_change=lambda s: phases.append(s.phase))
+    progress = final.progress
+    print(json.dumps({
+        "phases": phases,
+        "lines": lines,
+        "phase": final.phase,
+        "listed": [s.name for s in client.list()],
+        "progress": None if progress is None else {
+            "step": progress.step, "total": progress.total_steps, "percent": progress.percent,
+        },
+    }))
+"""
+
+
+def test_a_python_script_submits_the_cpu_example_waits_and_streams_its_logs(
+    real_cluster: Any, kubectl: Kubectl, namespace: str, operator: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    script = tmp_path / "train_on_cluster.py"
+    script.write_text(SCRIPT)
+    environment = user_environment(user_kubeconfig(real_cluster, namespace, tmp_path))
+    done = subprocess.run(
+        [sys.executable, str(script), str(ROOT / "examples" / "cpu-gloo.yaml")],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    print(done.stderr[-4000:])
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    print(json.dumps({key: value for key, value in result.items() if key != "lines"}))
+    assert result["phase"] == "Succeeded"
+    assert "Running" in result["phases"] and result["phases"][-1] == "Succeeded", result["phases"]
+    assert result["listed"] == ["cpu-gloo"]
+    # the followed logs: both workers, from their first line to their last, in one stream
+    lines: list[str] = result["lines"]
+    for worker in (0, 1):
+        own = [line for line in lines if line.startswith(f"[worker-{worker}] ")]
+        assert any(re.search(r"joined rank=\d world_size=2", line) for line in own), own[:20]
+        assert any("phalanx-demo: done" in line for line in own), own[-20:]
+    # the demo steps in TrainingSession.steps, which reports progress from rank 0
+    assert result["progress"] == {"step": 200, "total": 200, "percent": 100}, result["progress"]
+
+
+def notebook_cells(document: pathlib.Path) -> list[str]:
+    """The python blocks of the document's notebook section, one cell each."""
+    text = document.read_text()
+    assert NOTEBOOK_BEGIN in text and NOTEBOOK_END in text, f"{document} marks no notebook section"
+    section = text.split(NOTEBOOK_BEGIN, 1)[1].split(NOTEBOOK_END, 1)[0]
+    cells = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    assert cells, f"no python blocks in {document}'s notebook section"
+    return [textwrap.dedent(cell).rstrip() for cell in cells]
+
+
+def test_the_sdk_documents_example_runs_in_a_notebook_kernel(
+    real_cluster: Any, kubectl: Kubectl, namespace: str, operator: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(cell) for cell in notebook_cells(ROOT / "docs" / "sdk.md")]
+    kubeconfig = user_kubeconfig(real_cluster, namespace, tmp_path)
+    previous = {key: os.environ.get(key) for key in ("KUBECONFIG", "PYTHONPATH")}
+    os.environ.update({key: value for key, value in user_environment(kubeconfig).items() if key in previous})
+    try:  # the kernel is a process of its own: it reads the environment it is started with
+        client = NotebookClient(
+            notebook,
+            timeout=600,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(tmp_path)}},
+        )
+        client.execute()
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    nbformat.write(notebook, tmp_path / "sdk.ipynb")
+    outputs = []
+    for number, cell in enumerate(notebook.cells, 1):
+        for output in cell.get("outputs", []):
+            text = output.get("text") or (output.get("data") or {}).get("text/plain") or ""
+            outputs.append(f"[cell {number}] {text}")
+    shown = "\n".join(outputs)
+    print(f"--- notebook outputs ---\n{shown}")
+    # the example ends with the job's final status and its progress
+    assert "Succeeded" in shown, shown[-4000:]
+    jobs = kubectl.list("tj", namespace, None)
+    assert jobs and all(job["status"]["phase"] == "Succeeded" for job in jobs), [j.get("status") for j in jobs]
+    progress = jobs[0]["status"].get("progress") or {}
+    print(f"status.progress: {json.dumps(progress)}")
+    assert progress.get("percent") == 100, progress
