@@ -53,7 +53,7 @@ def metric_name(name: object) -> str:
     if not cleaned or not (cleaned[0].isascii() and (cleaned[0].isalpha() or cleaned[0] == "_")):
         cleaned = "_" + cleaned
     cleaned = cleaned[:_NAME_LENGTH]
-    assert _METRIC_NAME.match(cleaned), cleaned  # noqa: S101 - the rules above are the regex's
+    assert _METRIC_NAME.match(cleaned), cleaned  # the rules above are the regex's
     return cleaned
 
 
@@ -172,7 +172,7 @@ class Reporter:
             if start:
                 self._thread = threading.Thread(target=self._run, name="phalanx-progress", daemon=True)
         if start:
-            assert self._thread is not None  # noqa: S101 - set just above
+            assert self._thread is not None  # set just above
             self._thread.start()
             atexit.register(self.flush, EXIT_FLUSH_SECONDS)
 
@@ -215,7 +215,7 @@ class Reporter:
             self._wake.clear()
             try:
                 self._push_if_changed()
-            except Exception as error:  # noqa: BLE001 - the thread must outlive anything a push does
+            except Exception as error:  # the thread must outlive anything a push does
                 _log(f"progress push failed unexpectedly: {error!r}")
 
     def _push_if_changed(self) -> None:
@@ -234,7 +234,7 @@ class Reporter:
             self._attempted.notify_all()
 
     def _push(self, payload: str) -> bool:
-        assert self.address is not None  # noqa: S101 - no thread without a store
+        assert self.address is not None  # no thread without a store
         try:
             if self._client is None:
                 self._client = self._connect(*self.address, self._connect_timeout)
@@ -351,7 +351,9 @@ def _transformers_callback_class() -> type:
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self._report(state, None)
 
-        def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        def on_log(
+            self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any
+        ) -> None:
             self._report(state, logs)
 
     _transformers_class = PhalanxProgressCallback
@@ -399,7 +401,7 @@ def _lightning_callback_class() -> type:
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             try:  # computed once: the property walks the data loaders
                 estimated = trainer.estimated_stepping_batches
-            except Exception:  # noqa: BLE001 - Lightning raises for loaders without a length
+            except Exception:  # Lightning raises for loaders without a length
                 estimated = None
             self._total = None
             for total in (estimated, trainer.max_steps):
