@@ -119,7 +119,8 @@ class Reporter:
         self._warned_type = False
         self._version = 0  # bumped by every recorded report
         self._pushed = 0  # the version the store holds
-        self._tried = 0  # the version of the newest push attempt, whatever came of it
+        self._flush_requests = 0
+        self._flushes_served = 0  # flush requests a push attempt began after, whatever came of it
         self._attempted = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -205,8 +206,10 @@ class Reporter:
             if self._thread is None:
                 return True
             target = self._version
+            self._flush_requests += 1
+            ticket = self._flush_requests
             self._wake.set()
-            self._attempted.wait_for(lambda: self._tried >= target, timeout)
+            self._attempted.wait_for(lambda: self._flushes_served >= ticket, timeout)
             return self._pushed >= target
 
     def _run(self) -> None:
@@ -220,17 +223,13 @@ class Reporter:
 
     def _push_if_changed(self) -> None:
         with self._lock:
-            version = self._version
-            if version == self._pushed:
-                self._tried = version
-                self._attempted.notify_all()
-                return
-            record = self._record()
+            version, requests = self._version, self._flush_requests
+            record = self._record() if version != self._pushed else None
         pushed = record is not None and self._push(_encode(record))
         with self._lock:
             if pushed:
                 self._pushed = version
-            self._tried = version
+            self._flushes_served = requests
             self._attempted.notify_all()
 
     def _push(self, payload: str) -> bool:
