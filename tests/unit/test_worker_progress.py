@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -56,8 +55,8 @@ def store_port() -> int:
 
 
 @pytest.fixture
-def store(store_port: int) -> Iterator[Any]:
-    yield master(store_port)
+def store(store_port: int) -> Any:
+    return master(store_port)
 
 
 def test_the_pushed_record_is_the_contract_and_each_metric_keeps_its_own_step(store: Any, store_port: int) -> None:
@@ -194,7 +193,9 @@ def test_hugging_face_trainer_reports_through_the_callback(tmp_path: Path, store
             return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
 
     generator = torch.Generator().manual_seed(0)
-    data = [{"x": torch.randn(4, generator=generator), "labels": torch.randn((), generator=generator)} for _ in range(64)]
+    data = [
+        {"x": torch.randn(4, generator=generator), "labels": torch.randn((), generator=generator)} for _ in range(64)
+    ]
     reporter = Reporter(environment(store_port))
     arguments = TrainingArguments(
         output_dir=str(tmp_path),
