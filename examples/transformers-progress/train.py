@@ -66,7 +66,7 @@ def main() -> None:
     trainer = Trainer(
         model=Regression(),
         args=arguments,
-        train_dataset=synthetic_data(512),  # type: ignore[arg-type]
+        train_dataset=synthetic_data(512),
         callbacks=[transformers_callback()],
     )
     result = trainer.train()

@@ -335,7 +335,7 @@ def _transformers_callback_class() -> type:
         return _transformers_class
     from transformers import TrainerCallback
 
-    class PhalanxProgressCallback(TrainerCallback):  # type: ignore[misc]
+    class PhalanxProgressCallback(TrainerCallback):
         def __init__(self, names: Collection[str] | None, reporter: Reporter | None) -> None:
             self.names = None if names is None else frozenset(names)
             self.reporter = reporter
@@ -385,10 +385,10 @@ def _lightning_callback_class() -> type:
         return _lightning_class
     try:
         from lightning.pytorch import Callback
-    except ImportError:
-        from pytorch_lightning import Callback
+    except ImportError:  # the package's older name
+        from pytorch_lightning import Callback  # type: ignore[assignment]
 
-    class PhalanxProgressCallback(Callback):  # type: ignore[misc]
+    class PhalanxProgressCallback(Callback):
         def __init__(self, every_steps: int, every_seconds: float, reporter: Reporter | None) -> None:
             self.every_steps = max(1, every_steps)
             self.every_seconds = every_seconds
@@ -404,7 +404,7 @@ def _lightning_callback_class() -> type:
                 estimated = None
             self._total = None
             for total in (estimated, trainer.max_steps):
-                if isinstance(total, numbers.Real) and math.isfinite(total) and total > 0:
+                if isinstance(total, int | float) and math.isfinite(total) and total > 0:
                     self._total = int(total)
                     break
 
