@@ -134,6 +134,9 @@ def test_names_values_count_and_size_are_bounded(capfd: pytest.CaptureFixture[st
     for step in (-1, 2.5, True, "4"):
         reporter.report(step, 10)  # type: ignore[arg-type]
     assert reporter.record() == record  # ignored, not raised
+    reporter.report(4, metrics=[("loss", 1.0)])  # type: ignore[arg-type]
+    record = reporter.record()
+    assert record is not None and record["step"] == 4 and record["metrics"]["val_loss"]["step"] == 3
     assert reporter.pushes == 0 and reporter.flush(1)
 
     crowded = Reporter({"PHALANX_JOB_UID": "u" * (PROGRESS_MAX_BYTES - 600)})  # metrics must give way

@@ -149,13 +149,17 @@ class Reporter:
         total = _count(total_steps)
         now = self._clock()
         values: dict[str, float] = {}
-        for name, value in (metrics or {}).items():
-            number = metric_value(value)
-            if number is not None:
-                values[metric_name(name)] = number
-            elif not self._warned_type and not isinstance(value, numbers.Real):
-                self._warned_type = True  # a tensor, most likely: reading it here would sync the GPU
-                _log(f"progress metric {name!r} is a {type(value).__name__}, not a number: pass a float (.item())")
+        try:
+            for name, value in (metrics or {}).items():
+                number = metric_value(value)
+                if number is not None:
+                    values[metric_name(name)] = number
+                elif not self._warned_type and not isinstance(value, numbers.Real):
+                    self._warned_type = True  # a tensor, most likely: reading it here would sync the GPU
+                    _log(f"progress metric {name!r} is a {type(value).__name__}, not a number: pass a float (.item())")
+        except Exception as error:  # not a mapping, or names that cannot be printed: the step still counts
+            values = {}
+            _log(f"progress metrics dropped: {error!r}")
         with self._lock:
             self._step = step_count
             if total is not None:
