@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # Two images from one file:
 #   operator - the operator (slim, non-root, `phalanx run` as entrypoint): the `phalanx` distribution
-#   trainer  - a CPU training image with torch and the in-pod helper alone (the `phalanx-worker`
-#              distribution: phalanx.worker, prometheus-client, numpy); what the local cluster runs
+#   trainer  - a CPU training image with torch, Transformers and the in-pod helper alone (the
+#              `phalanx-worker` distribution: phalanx.worker, prometheus-client, numpy); what the
+#              local cluster runs
 # BASE_IMAGE defaults to the usual public Python image; the local test cluster builds from a
 # Debian base made on the machine, since no registry is reachable there.
 # Every pip step reads PIP_INDEX_URL, PIP_FIND_LINKS and PIP_NO_INDEX when given as build args:
@@ -50,6 +51,11 @@ ARG PIP_FIND_LINKS
 ARG PIP_NO_INDEX
 ARG TORCH_VERSION=2.13.0
 RUN python3 -m pip install --no-cache-dir "torch==${TORCH_VERSION}"
+# Hugging Face Transformers (and accelerate, which its Trainer needs), for jobs that train with its
+# Trainer and phalanx.worker.progress's callback; a step of its own so torch's layer stays cached.
+# The local cluster's build passes the test extra's pins (tests/cluster/node/images.py).
+ARG TRANSFORMERS_REQUIREMENTS="transformers==5.25.0 accelerate==1.16.0"
+RUN python3 -m pip install --no-cache-dir ${TRANSFORMERS_REQUIREMENTS}
 COPY --from=worker-wheel /wheels /wheels
 # phalanx-worker brings prometheus-client (worker metrics) and numpy (torch.distributed.checkpoint);
 # nothing of the operator (kopf, pydantic, aiohttp, kubernetes). The rendezvous store pod runs

@@ -40,8 +40,9 @@ SOURCE = ROOT / "operator" / "phalanx"
 WORKER_SOURCE = SOURCE / "worker"
 OPERATOR_ONLY = ("kopf", "pydantic", "aiohttp", "kubernetes", "pyyaml")
 # What phalanx.worker may import beyond the standard library and itself: torch (the user's own
-# build, imported lazily), prometheus-client (a dependency), pynvml (the nvml extra).
-WORKER_THIRD_PARTY = {"torch", "prometheus_client", "pynvml"}
+# build, imported lazily), prometheus-client (a dependency), pynvml (the nvml extra), and the
+# frameworks whose progress callbacks phalanx.worker.progress makes only when asked (the user's own).
+WORKER_THIRD_PARTY = {"torch", "prometheus_client", "pynvml", "transformers", "lightning", "pytorch_lightning"}
 
 
 def canonical(name: str) -> str:

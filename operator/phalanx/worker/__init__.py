@@ -4,5 +4,6 @@ It imports torch lazily so the operator (which never trains) does not need it.
 """
 
 from phalanx.worker.backend import choose_backend
+from phalanx.worker.progress import report
 
-__all__ = ["choose_backend"]
+__all__ = ["choose_backend", "report"]

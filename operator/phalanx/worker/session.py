@@ -36,13 +36,14 @@ from datetime import timedelta
 from types import FrameType, TracebackType
 from typing import Any
 
-from phalanx.worker import metrics
+from phalanx.worker import metrics, progress, rendezvous_store
 from phalanx.worker.backend import choose_backend
 from phalanx.worker.checkpoint import CheckpointStore
 from phalanx.worker.protocol import COMPLETION_KEY
 
 STOPPED_BY_SIGNAL = 143
 STORE_TIMEOUT = timedelta(seconds=10)
+PROGRESS_FLUSH_SECONDS = 5.0
 
 
 class Progress:
@@ -102,6 +103,8 @@ class TrainingSession:
         if kind is not None or not dist.is_initialized():
             return
         dist.barrier()  # no rank leaves while another is still inside a collective
+        if self.rank == 0:
+            progress.flush(PROGRESS_FLUSH_SECONDS)  # the final step is in the status before "completed"
         if self.completed and self.rank == 0:
             self.record_completion()
         if self.metrics is not None:
@@ -111,13 +114,9 @@ class TrainingSession:
 
     def record_completion(self, environ: Mapping[str, str] | None = None) -> bool:
         """Tell the rendezvous store that training completed; False if there is no store to tell."""
-        from torch._C._distributed_c10d import TCPStore
-
         environ = os.environ if environ is None else environ
-        # the operator's store (PET_RDZV_ENDPOINT too under launcher torchrun, from older operators)
-        endpoint = environ.get("PHALANX_STORE_ENDPOINT") or environ.get("PET_RDZV_ENDPOINT", "")
-        host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit():
+        address = rendezvous_store.store_address(environ)
+        if address is None:
             return False
         record = {  # bound to the job and its attempt: the store serves only a record naming its job
             "job": environ.get("PHALANX_JOB_UID", ""),
@@ -126,7 +125,7 @@ class TrainingSession:
             "rank": self.rank,
         }
         try:
-            store = TCPStore(host, int(port), is_master=False, timeout=STORE_TIMEOUT, wait_for_workers=False)
+            store = rendezvous_store.connect(*address, timeout=STORE_TIMEOUT)
             store.set(COMPLETION_KEY, json.dumps(record))
         except (RuntimeError, OSError, ValueError) as error:  # the operator still sees the pods succeed
             print(f"phalanx: could not record completion in the rendezvous store: {error}", flush=True)
@@ -194,16 +193,23 @@ class TrainingSession:
         start = self.resume(state)
         if self.metrics is not None:
             self.metrics.run_began(start)
+        reporting = self.rank == 0  # the job's status shows rank 0's progress
+        if reporting:
+            progress.report(start, total, all_ranks=True)
         for step in range(start + 1, total + 1):
             yield step
             self.progress.step = step
             self.progress.samples += samples_per_step
+            if reporting:
+                progress.report(step, total, all_ranks=True)
             if self.metrics is not None:
                 self.metrics.step_done(samples_per_step, step)
             if self.stop_agreed():
                 self.save(state)
                 if self._signalled:
                     sys.stdout.flush()
+                    if reporting:  # os._exit skips atexit's flush
+                        progress.flush(PROGRESS_FLUSH_SECONDS)
                     os._exit(STOPPED_BY_SIGNAL)
                 self._signalled = False
                 continue

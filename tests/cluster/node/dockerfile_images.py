@@ -114,6 +114,8 @@ def _wheels(target: str) -> list[Path]:
     wheels = images.ensure_wheels(images.project_requirements())
     if target == "trainer":
         wheels += images.ensure_wheels(images.TORCH_REQUIREMENT)
+        # resolved with torch, so pip picks what the image's torch satisfies
+        wheels += images.ensure_wheels([images.TORCH_REQUIREMENT, *images.transformers_requirements()])
     return sorted(set(wheels))
 
 
@@ -127,6 +129,7 @@ def image_key(target: str, rootfs: Path, wheels: list[Path]) -> str:
         target,
         _base_key(rootfs),
         images.TORCH_REQUIREMENT if target == "trainer" else "",
+        *(images.transformers_requirements() if target == "trainer" else []),
         *[f"{w.name}:{w.stat().st_size}" for w in wheels],
         *[str(p.relative_to(REPO_ROOT)) for p in inputs],
         *inputs,
@@ -321,9 +324,15 @@ def _build(dockerd: Dockerd, target: str, rootfs: Path, key: str, report: ImageB
             dockerd.docker(
                 "build", "--network=host", f"--target={target}", f"--build-arg=BASE_IMAGE={base}",
                 f"--build-arg=PIP_FIND_LINKS={wheels_url}", "--build-arg=PIP_NO_INDEX=1",
-                f"--label={KEY_LABEL}={key}", f"--tag={REFS[target]}", ctx,
+                *_target_build_args(target), f"--label={KEY_LABEL}={key}", f"--tag={REFS[target]}", ctx,
             )  # fmt: skip
     _prune(dockerd, base)
+
+
+def _target_build_args(target: str) -> list[str]:
+    if target != "trainer":
+        return []
+    return [f"--build-arg=TRANSFORMERS_REQUIREMENTS={' '.join(images.transformers_requirements())}"]
 
 
 def _inspect_size(dockerd: Dockerd, ref: str) -> int:

@@ -3,8 +3,9 @@
 * ``registry.k8s.io/pause:3.10.1``: one static binary compiled from ``pause.c``, as an OCI archive.
 * the Debian bookworm root filesystem (debootstrap minbase + python3) that stands in for the
   public Python image as the Dockerfile's ``BASE_IMAGE`` (see dockerfile_images.py);
-* the wheel cache: torch and its CUDA wheels (2.6 GB), phalanx's dependencies and build
-  backend, downloaded once per requirement set and served to the Dockerfile's pip steps.
+* the wheel cache: torch and its CUDA wheels (2.6 GB), Transformers and accelerate, phalanx's
+  dependencies and build backend, downloaded once per requirement set and served to the
+  Dockerfile's pip steps.
 
 Cache layout (``<cache>`` = ``${PHALANX_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/phalanx}``):
 
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 
 PAUSE_REF = "registry.k8s.io/pause:3.10.1"
 TORCH_REQUIREMENT = os.environ.get("PHALANX_TORCH_REQUIREMENT", "torch==2.13.0")
+TRANSFORMERS_PACKAGES = ("transformers", "accelerate")
+"""What the trainer image adds after torch (the Dockerfile's TRANSFORMERS_REQUIREMENTS), at the
+versions pinned in pyproject.toml's test extra, so the image runs what the unit tests ran."""
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("PHALANX_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEBIAN_PACKAGES = ["python3", "python3-venv", "python3-pip", "ca-certificates", "iproute2", "procps", "netbase"]
@@ -238,6 +242,18 @@ def project_requirements() -> list[str]:
     return sorted(requirements)
 
 
+def transformers_requirements() -> list[str]:
+    """The test extra's pins of TRANSFORMERS_PACKAGES (``name==version``)."""
+    import tomllib
+
+    extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    pins = {line.split("==")[0].strip().lower(): line for line in extra if "==" in line}
+    missing = [name for name in TRANSFORMERS_PACKAGES if name not in pins]
+    if missing:
+        raise RuntimeError(f"pyproject.toml's test extra pins none of {missing} (the trainer image needs them)")
+    return [pins[name] for name in TRANSFORMERS_PACKAGES]
+
+
 def host_ca_bundle() -> Path:
     for cand in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt"):
         if cand and Path(cand).is_file():
@@ -251,6 +267,7 @@ def main() -> None:
     t0 = time.monotonic()
     pause = build_pause_image()
     wheels = ensure_wheels(project_requirements()) + ensure_wheels(TORCH_REQUIREMENT)
+    wheels += ensure_wheels([TORCH_REQUIREMENT, *transformers_requirements()])
     print(json.dumps({"pause": str(pause.archive), "cached": pause.cached, "wheels": len(set(wheels)),
                       "seconds": round(time.monotonic() - t0, 1)}))  # fmt: skip
 
