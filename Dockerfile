@@ -53,7 +53,7 @@ ARG TORCH_VERSION=2.13.0
 RUN python3 -m pip install --no-cache-dir "torch==${TORCH_VERSION}"
 # Hugging Face Transformers (and accelerate, which its Trainer needs), for jobs that train with its
 # Trainer and phalanx.worker.progress's callback; a step of its own so torch's layer stays cached.
-# The local cluster's build passes the test extra's pins (tests/cluster/node/images.py).
+# The local cluster's build passes the frameworks extra's pins (tests/cluster/node/images.py).
 ARG TRANSFORMERS_REQUIREMENTS="transformers==5.25.0 accelerate==1.16.0"
 RUN python3 -m pip install --no-cache-dir ${TRANSFORMERS_REQUIREMENTS}
 COPY --from=worker-wheel /wheels /wheels

@@ -23,6 +23,8 @@ torch: venv  ## torch for the worker tests, from the wheel cache (downloaded onc
 	  $(BIN)/pip install --quiet --no-index --find-links $(WHEELS) $(TORCH) numpy 2>/dev/null || \
 	  { mkdir -p $(WHEELS) && $(BIN)/pip download --quiet --dest $(WHEELS) $(TORCH) numpy && \
 	    $(BIN)/pip install --quiet --no-index --find-links $(WHEELS) $(TORCH) numpy; }
+	@$(BIN)/python -c "import transformers, accelerate, lightning" 2>/dev/null || \
+	  $(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[test,frameworks]'
 
 crd: venv  ## regenerate crds/ and docs/api.md from the API models
 	$(BIN)/phalanx crd

@@ -8,7 +8,7 @@ from tests.cluster.node import images
 from tests.cluster.node.host import REPO_ROOT
 
 
-def test_the_dockerfile_default_is_the_test_extras_pins() -> None:
+def test_the_dockerfile_default_is_the_frameworks_extras_pins() -> None:
     dockerfile = (REPO_ROOT / "Dockerfile").read_text()
     default = re.search(r'^ARG TRANSFORMERS_REQUIREMENTS="([^"]*)"$', dockerfile, re.MULTILINE)
     assert default is not None, "the trainer stage names its Transformers requirements in an ARG"

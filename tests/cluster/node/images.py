@@ -40,7 +40,7 @@ PAUSE_REF = "registry.k8s.io/pause:3.10.1"
 TORCH_REQUIREMENT = os.environ.get("PHALANX_TORCH_REQUIREMENT", "torch==2.13.0")
 TRANSFORMERS_PACKAGES = ("transformers", "accelerate")
 """What the trainer image adds after torch (the Dockerfile's TRANSFORMERS_REQUIREMENTS), at the
-versions pinned in pyproject.toml's test extra, so the image runs what the unit tests ran."""
+versions pinned in pyproject.toml's frameworks extra, so the image runs what the unit tests ran."""
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = os.environ.get("PHALANX_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 DEBIAN_PACKAGES = ["python3", "python3-venv", "python3-pip", "ca-certificates", "iproute2", "procps", "netbase"]
@@ -243,14 +243,14 @@ def project_requirements() -> list[str]:
 
 
 def transformers_requirements() -> list[str]:
-    """The test extra's pins of TRANSFORMERS_PACKAGES (``name==version``)."""
+    """The frameworks extra's pins of TRANSFORMERS_PACKAGES (``name==version``)."""
     import tomllib
 
-    extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    extra = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["frameworks"]
     pins = {line.split("==")[0].strip().lower(): line for line in extra if "==" in line}
     missing = [name for name in TRANSFORMERS_PACKAGES if name not in pins]
     if missing:
-        raise RuntimeError(f"pyproject.toml's test extra pins none of {missing} (the trainer image needs them)")
+        raise RuntimeError(f"pyproject.toml's frameworks extra pins none of {missing} (the trainer image needs them)")
     return [pins[name] for name in TRANSFORMERS_PACKAGES]
 
 
