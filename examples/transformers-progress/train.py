@@ -13,9 +13,10 @@ and gradient norm to the job's rendezvous store, and the operator writes them in
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from phalanx.worker.progress import transformers_callback
 
@@ -42,11 +43,22 @@ def synthetic_data(samples: int) -> list[dict[str, torch.Tensor]]:
     return [{"x": x, "labels": y} for x, y in zip(inputs, labels, strict=True)]
 
 
+class Pace(TrainerCallback):
+    """Sleeps after each step, so a demo's progress can be watched (the model trains in milliseconds)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_step_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
+        time.sleep(self.seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps to train")
     parser.add_argument("--logging-steps", type=int, default=5, help="steps between logged (and reported) metrics")
     parser.add_argument("--batch-size", type=int, default=8, help="samples per step and process")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep after each step (slows the demo)")
     parser.add_argument("--output-dir", default="/tmp/transformers-progress", help="the Trainer's output directory")
     options = parser.parse_args()
     arguments = TrainingArguments(
@@ -67,7 +79,7 @@ def main() -> None:
         model=Regression(),
         args=arguments,
         train_dataset=synthetic_data(512),
-        callbacks=[transformers_callback()],
+        callbacks=[transformers_callback(), *([Pace(options.step_seconds)] if options.step_seconds else [])],
     )
     result = trainer.train()
     if trainer.is_world_process_zero():
