@@ -178,7 +178,7 @@ def test_a_transformers_trainer_shows_its_progress_in_status_and_kubectl_get(
                 return progress
             return None
 
-        during = kubectl.wait_for(training_progress, timeout=240, interval=1.0, what="progress with an ETA and the loss")
+        during = kubectl.wait_for(training_progress, timeout=240, interval=1.0, what="an ETA and the loss")
         assert isinstance(during, dict)
         table = kubectl.run("get", "tj", job.name, f"--namespace={namespace}").stdout
         print(f"status.progress while training: {json.dumps(during)}\n{table}")
