@@ -23,7 +23,7 @@ from tests.integration.operator_process import OperatorProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-NOTEBOOK_BEGIN, NOTEBOOK_END = "<!-- notebook: begin -->", "<!-- notebook: end -->"
+NOTEBOOK_CELL = re.compile(r"<!-- notebook cell -->\n```python\n(.*?)```", re.DOTALL)
 
 
 def user_kubeconfig(real_cluster: Any, namespace: str, directory: pathlib.Path) -> pathlib.Path:
@@ -99,12 +99,9 @@ def test_a_python_script_submits_the_cpu_example_waits_and_streams_its_logs(
 
 
 def notebook_cells(document: pathlib.Path) -> list[str]:
-    """The python blocks of the document's notebook section, one cell each."""
-    text = document.read_text()
-    assert NOTEBOOK_BEGIN in text and NOTEBOOK_END in text, f"{document} marks no notebook section"
-    section = text.split(NOTEBOOK_BEGIN, 1)[1].split(NOTEBOOK_END, 1)[0]
-    cells = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    assert cells, f"no python blocks in {document}'s notebook section"
+    """The python blocks the document marks as notebook cells, in order."""
+    cells = NOTEBOOK_CELL.findall(document.read_text())
+    assert cells, f"{document} marks no notebook cell"
     return [textwrap.dedent(cell).rstrip() for cell in cells]
 
 
