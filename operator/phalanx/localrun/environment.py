@@ -67,7 +67,8 @@ class WorkerProcess:
     env: dict[str, str]
     """The container's environment as the kubelet would resolve it, with the local changes."""
     changed: dict[str, str]
-    """Variables whose value differs from the pod's (or that the pod lacks), and why."""
+    """Variables whose value differs from the pod's, that the pod lacks, or (absent from ``env``)
+    that only the pod has, and why."""
     metrics_port: int
 
 
@@ -127,17 +128,15 @@ def _with_workers(body: dict[str, Any], workers: int | None) -> dict[str, Any]:
     return {**body, "spec": {**spec, "workers": {**bounds, "desired": workers}}}
 
 
-def _on_this_machine(body: dict[str, Any], cluster: Preview, machine: Machine) -> tuple[dict[str, Any], list[str]]:
-    """The spec changes one machine needs (GPUs and transport), and what to say about them."""
+def _on_this_machine(body: dict[str, Any], cluster: Preview, machine: Machine) -> tuple[dict[str, Any], str | None]:
+    """The spec changes one machine needs (GPUs and transport), and why (None: none needed)."""
     spec = cluster.job.spec
     launch = cluster.launch
     wanted = spec.gpus.count * spec.workers.desired
-    notes: list[str] = []
-    changes: dict[str, Any] = {}
     if launch.backend == "nccl" and machine.gpus < max(wanted, 1):
         # as the operator runs a job without GPUs: gloo over TCP, the same number of processes
-        changes = {"gpus": {"count": 0}, "backend": "gloo", "procsPerWorker": launch.procs_per_worker}
-        notes.append(
+        changes: dict[str, Any] = {"gpus": {"count": 0}, "backend": "gloo", "procsPerWorker": launch.procs_per_worker}
+        why = (
             f"this machine has {machine.gpus} GPU(s) and the job wants {wanted}: the workers run on CPU over "
             "gloo, as the operator runs a job without GPUs"
         )
@@ -145,10 +144,14 @@ def _on_this_machine(body: dict[str, Any], cluster: Preview, machine: Machine) -
         # NCCL reaches peers on one machine through shared memory and NVLink; no RDMA NIC is needed
         network = {key: value for key, value in (body["spec"].get("network") or {}).items() if key != "rdma"}
         changes = {"network": {**network, "profile": "tcp"}}
-        notes.append(f"the {launch.transport} transport needs the cluster's NICs: NCCL runs over TCP here")
-    if not changes:
-        return body, notes
-    return {**body, "spec": {**body["spec"], **changes}}, notes
+        why = f"the {launch.transport} transport needs the cluster's NICs: NCCL runs over TCP sockets here"
+    else:
+        return body, None
+    return {**body, "spec": {**body["spec"], **changes}}, why
+
+
+def _raw_env(pod: dict[str, Any], container: int) -> dict[str, Any]:
+    return {var["name"]: var.get("value", var.get("valueFrom")) for var in pod["spec"]["containers"][container]["env"]}
 
 
 def _free_dir_name(name: str) -> str:
@@ -370,7 +373,8 @@ def derive(
     given = dict(env or {})
     body = _with_workers(job_body(job), workers)
     cluster = _render(body, namespace)
-    local_body, notes = _on_this_machine(body, cluster, machine)
+    local_body, respecified = _on_this_machine(body, cluster, machine)
+    notes = [respecified] if respecified else []
     rendered = cluster if local_body is body else _render(local_body, namespace)
     job_model, launch = rendered.job, rendered.launch
     name, namespace = job_model.metadata.name, job_model.metadata.namespace
@@ -420,6 +424,12 @@ def derive(
         replacements = [(cluster_store, local_store, "the rendezvous store runs in the local run, on 127.0.0.1")]
         worker = _Worker(index, pod, machine, local_values, replacements, given, config_maps, mounts)
         worker.resolve(container.get("env") or [])
+        if respecified:  # what the changed spec changed in the pod's own variables
+            ours = _raw_env(pod, launch.trainer_index)
+            theirs = _raw_env(cluster.workers()[index], cluster.launch.trainer_index)
+            for variable in [*ours, *theirs]:
+                if ours.get(variable) != theirs.get(variable):
+                    worker.changed.setdefault(variable, respecified if variable in ours else f"unset: {respecified}")
 
         command = [*(container.get("command") or [])]
         if not command:
@@ -474,18 +484,3 @@ def derive(
         directories=tuple(dict.fromkeys(directories)),
         notes=tuple(notes),
     )
-
-
-def pod_environment(pod: dict[str, Any], container_index: int, *, pod_ip: str) -> dict[str, str]:
-    """A rendered pod's container environment as the kubelet resolves it (its downward-API pod IP
-    given): what a test compares a local worker's environment with."""
-    values: dict[str, str] = {}
-    for variable in pod["spec"]["containers"][container_index].get("env") or []:
-        source = variable.get("valueFrom")
-        if source is None:
-            values[variable["name"]] = expand(str(variable.get("value", "")), values)
-        elif (source.get("fieldRef") or {}).get("fieldPath") == "status.podIP":
-            values[variable["name"]] = pod_ip
-        else:
-            values[variable["name"]] = pod_field(pod, str(source["fieldRef"]["fieldPath"]), where=variable["name"])
-    return values
