@@ -268,7 +268,7 @@ def preview_uid(pod: dict[str, Any]) -> str:
 def _map_paths(value: str, mounts: Mapping[str, str]) -> str:
     for mount, local in sorted(mounts.items(), key=lambda item: -len(item[0])):
         pattern = rf"(?<![\w./-]){re.escape(mount.rstrip('/'))}(?=/|$|[^\w.-])"
-        value = re.sub(pattern, lambda _, local=local: local, value)
+        value = re.sub(pattern, local.replace("\\", "\\\\"), value)  # the replacement taken literally
     return value
 
 
