@@ -71,13 +71,25 @@ def test_all_workers_succeeding_is_success(tmp_path: Path) -> None:
     assert not run.root.exists()  # the run's files go with it
 
 
+FAILS_AS_WORKER_1 = """
+import os, sys, time
+if os.environ["PHALANX_WORKER_INDEX"] == "1":
+    open(os.environ["TORCHELASTIC_ERROR_FILE"], "w").write("out of patience" + "!" * 10000)
+    sys.exit(3)
+time.sleep(300)
+"""
+
+
 def test_the_first_failure_stops_the_others(tmp_path: Path) -> None:
-    script = "import os, sys, time\nif os.environ['PHALANX_WORKER_INDEX'] == '1': sys.exit(3)\ntime.sleep(300)"
     started = time.monotonic()
-    run = localrun.start(python_job(script, workers=3), on_line=Lines(), grace=5)
+    run = localrun.start(python_job(FAILS_AS_WORKER_1, workers=3), on_line=Lines(), grace=5)
     assert run.wait(timeout=60) == 3  # the failed worker's exit status
     assert run.phase == "Failed"
     assert time.monotonic() - started < 60
+    # its termination message, cut as the kubelet cuts it
+    assert list(run.termination_messages) == [1]
+    assert run.termination_messages[1].startswith("out of patience!")
+    assert len(run.termination_messages[1]) == 4096
 
 
 IGNORES_SIGTERM = """

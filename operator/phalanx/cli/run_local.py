@@ -105,6 +105,8 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    for index, message in sorted(run.termination_messages.items()):
+        print(f"phalanx run-local: worker-{index}'s termination message: {message}", file=sys.stderr)
     print(f"phalanx run-local: {run.phase} (exit status {code})", file=sys.stderr)
     return code
 

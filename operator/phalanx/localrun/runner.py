@@ -34,6 +34,8 @@ Phase = Literal["Running", "Succeeded", "Failed"]
 LineCallback = Callable[[int, str], None]
 
 STORE_READY_SECONDS = 60.0
+TERMINATION_MESSAGE_BYTES = 4096
+"""What the kubelet keeps of a container's termination message."""
 MAX_LINE_BYTES = 64 * 1024
 """A longer output line is cut (a process that writes without newlines must not fill memory)."""
 POLL_SECONDS = 0.1
@@ -174,6 +176,9 @@ class LocalRun:
     _done: threading.Event = field(default_factory=threading.Event)
     _monitor: threading.Thread | None = None
     keep_files: bool = False
+    termination_messages: dict[int, str] = field(default_factory=dict)
+    """What each worker that wrote one left in its termination log (torchrun's error file), by
+    worker index, cut as the kubelet cuts it; read when the run ends."""
 
     @property
     def workers(self) -> int:
@@ -241,11 +246,22 @@ class LocalRun:
         except subprocess.TimeoutExpired:
             _signal_group(self._store, signal.SIGKILL)
             self._store.wait()
+        self._read_termination_messages()
         if not self.keep_files:
             shutil.rmtree(self.root, ignore_errors=True)
         stopped = 128 + signal.SIGTERM if self._stopping else 0
         self._code = first_failure if first_failure is not None else stopped
         self._done.set()
+
+    def _read_termination_messages(self) -> None:
+        for worker in self.plan.workers:
+            path = Path(worker.env.get("TORCHELASTIC_ERROR_FILE", ""))
+            if not path.is_relative_to(self.root) or not path.is_file():
+                continue
+            with path.open("rb") as log:
+                message = log.read(TERMINATION_MESSAGE_BYTES).decode(errors="replace").strip()
+            if message:
+                self.termination_messages[worker.index] = message
 
 
 def _write_files(plan: LocalPlan) -> None:
