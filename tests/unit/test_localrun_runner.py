@@ -152,6 +152,9 @@ def test_the_cpu_example_trains_with_two_workers_given_the_planned_pods_environm
     assert code == 0, output
     for rank in (0, 1):
         assert f"phalanx-demo: done rank={rank} world_size=2 steps=200" in output
+    # rank 0 recorded completion in the local store, which serves it as the store pod serves the operator
+    uid = run.plan.job.metadata.uid
+    assert f'phalanx_training_completed_step{{job="{uid}"}} 200' in run.store_metrics
     for environment, worker, pod in zip(run.environments, run.plan.workers, planned_workers(CPU_EXAMPLE), strict=True):
         cluster = kubelet_environment(pod, pod_ip="10.244.0.17")
         assert {name for name, value in cluster.items() if environment[name] != value} == LOCAL_CHANGES

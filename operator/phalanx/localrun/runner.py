@@ -20,6 +20,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ STORE_READY_SECONDS = 60.0
 TERMINATION_MESSAGE_BYTES = 4096
 """What the kubelet keeps of a container's termination message."""
 MAX_LINE_BYTES = 64 * 1024
+STORE_METRICS_BYTES = 64 * 1024
 """A longer output line is cut (a process that writes without newlines must not fill memory)."""
 POLL_SECONDS = 0.1
 # Variables that torchrun and phalanx set for the processes they start: inherited from the shell
@@ -176,6 +179,9 @@ class LocalRun:
     _done: threading.Event = field(default_factory=threading.Event)
     _monitor: threading.Thread | None = None
     keep_files: bool = False
+    store_metrics: str = ""
+    """What the store served the operator when the workers had ended (``scrape_store``): whether,
+    and at which step, training completed."""
     termination_messages: dict[int, str] = field(default_factory=dict)
     """What each worker that wrote one left in its termination log (torchrun's error file), by
     worker index, cut as the kubelet cuts it; read when the run ends."""
@@ -199,6 +205,15 @@ class LocalRun:
             raise TimeoutError(f"the local run of {self.plan.job.metadata.name} still runs after {timeout}s")
         assert self._code is not None
         return self._code
+
+    def scrape_store(self) -> str:
+        """The store's metrics as the operator scrapes them from the store pod ("" once it is gone)."""
+        url = f"http://127.0.0.1:{self.plan.store_metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return str(response.read(STORE_METRICS_BYTES).decode(errors="replace"))
+        except (OSError, urllib.error.URLError):
+            return ""
 
     def stop(self) -> None:
         """Stop every worker (SIGTERM, then SIGKILL after the grace); returns at once."""
@@ -240,6 +255,7 @@ class LocalRun:
         for process in self._processes:
             if process.reader is not None:
                 process.reader.join(timeout=5)
+        self.store_metrics = self.scrape_store()
         _signal_group(self._store, signal.SIGTERM)
         try:
             self._store.wait(timeout=10)
