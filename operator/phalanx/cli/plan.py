@@ -229,9 +229,7 @@ def judge(body: dict[str, Any], *, namespace: str) -> Preview | str:
     try:
         return preview(verdict.admitted, namespace=namespace)
     except PlanningError as error:
-        return (
-            f'the {api.KIND} "{verdict.name}" would be accepted, but the operator fails it (InvalidSpec): {error}'
-        )
+        return f'the {api.KIND} "{verdict.name}" would be accepted, but the operator fails it (InvalidSpec): {error}'
 
 
 def plan_documents(paths: list[str], *, namespace: str, output: str) -> tuple[list[str], list[str]]:

@@ -6,6 +6,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from phalanx.cli.connection import CommandError
+from phalanx.cluster.client import TRANSPORT_ERRORS, ApiError
+from phalanx.cluster.login import LoginError
+
 
 class PhalanxError(Exception):
     """Base of every error the SDK raises."""
@@ -59,10 +63,6 @@ class CodeRefused(PhalanxError, ValueError):
 def translated(what: str, *, missing: str | None = None) -> Iterator[None]:
     """Raise the SDK's error for the client's, saying ``what`` was being done; a 404 of the object
     itself is ``JobNotFound(missing)`` when ``missing`` is given."""
-    from phalanx.cli.connection import CommandError
-    from phalanx.cluster.client import TRANSPORT_ERRORS, ApiError
-    from phalanx.cluster.login import LoginError
-
     try:
         yield
     except PhalanxError:

@@ -42,7 +42,9 @@ class Progress:
         if not isinstance(progress, Mapping):
             return None
         metrics: dict[str, Metric] = {}
-        for name, metric in (progress.get("metrics") or {}).items() if isinstance(progress.get("metrics"), Mapping) else ():
+        for name, metric in (
+            (progress.get("metrics") or {}).items() if isinstance(progress.get("metrics"), Mapping) else ()
+        ):
             value = _number(metric.get("value") if isinstance(metric, Mapping) else metric)
             if value is not None:
                 step = _integer(metric.get("step")) if isinstance(metric, Mapping) else None
