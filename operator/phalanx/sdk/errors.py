@@ -74,7 +74,7 @@ def translated(what: str, *, missing: str | None = None) -> Iterator[None]:
     except ApiError as error:
         raise api_failure(what, error.status, error.reason, error.message or str(error), missing) from None
     except TRANSPORT_ERRORS as error:
-        raise ConnectionFailed(f"{what}: cannot reach the API server: {error or type(error).__name__}") from None
+        raise ConnectionFailed(f"{what}: cannot reach the API server: {str(error) or type(error).__name__}") from None
 
 
 def api_failure(what: str, status: int, reason: str, words: str, missing: str | None = None) -> PhalanxError:
