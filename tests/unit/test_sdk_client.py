@@ -244,3 +244,30 @@ async def test_a_slow_reader_pauses_the_log_streams() -> None:
     await asyncio.sleep(0.05)
     assert queue.qsize() == 5 and produced <= 9
     followed.streams["p0"].cancel()
+
+
+def test_an_invalid_status_is_worded_as_kubectl_and_plan_word_it() -> None:
+    details = {
+        "kind": "TrainingJob",
+        "name": "x",
+        "causes": [
+            {"field": "spec.workers.min", "message": "Invalid value: 3: must be at most 2"},
+            {"field": "spec.workers.min", "message": "Invalid value: 3: must be at most 2"},
+            {"field": "spec.gpus.count", "message": "Required value"},
+        ],
+    }
+    assert errors.refusal_words("Invalid", "server words", details) == (
+        'The TrainingJob "x" is invalid: \n'
+        "* spec.workers.min: Invalid value: 3: must be at most 2\n"
+        "* spec.gpus.count: Required value"
+    )
+    one = {**details, "causes": details["causes"][:1]}
+    assert errors.refusal_words("Invalid", "server words", one) == (
+        'The TrainingJob "x" is invalid: spec.workers.min: Invalid value: 3: must be at most 2'
+    )
+    assert errors.refusal_words("BadRequest", "strict decoding error", {}) == "strict decoding error"
+    with (
+        pytest.raises(SpecRefused, match='^The TrainingJob "x" is invalid: spec.workers.min'),
+        errors.translated("create"),
+    ):
+        raise ApiError(422, "Invalid", "server words", one)

@@ -28,6 +28,7 @@ from phalanx.sdk.status import Job, JobStatus
 logger = logging.getLogger("phalanx.sdk")
 
 FIELD_MANAGER = "phalanx-sdk"  # the user's writes (spec), never the operator's field manager
+CREATE_PARAMS = {"fieldManager": FIELD_MANAGER, "fieldValidation": "Strict"}  # unknown fields refused, as kubectl
 DEFAULT_LOG_BUFFER_LINES = 1000
 
 OnChange = Callable[[JobStatus], object]
@@ -143,7 +144,7 @@ class AsyncClient:
         with translated(f"create trainingjob {name}"):
             try:
                 created = await client.request(
-                    "POST", self._path(namespace), params={"fieldManager": FIELD_MANAGER}, body=body, idempotent=True
+                    "POST", self._path(namespace), params=CREATE_PARAMS, body=body, idempotent=True
                 )
             except ApiError as error:
                 if error.status != 409 or not name:
@@ -238,7 +239,7 @@ class AsyncClient:
                 await client.request(
                     "POST",
                     _config_map_path(namespace),
-                    params={"fieldManager": FIELD_MANAGER},
+                    params=CREATE_PARAMS,
                     body=config_map,
                     idempotent=True,
                 )

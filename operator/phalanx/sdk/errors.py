@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from phalanx.cli.connection import CommandError
 from phalanx.cluster.client import TRANSPORT_ERRORS, ApiError
@@ -72,9 +73,29 @@ def translated(what: str, *, missing: str | None = None) -> Iterator[None]:
     except CommandError as error:  # a log stream's refusal, in one line
         raise ConnectionFailed(f"{what}: {error}") from None
     except ApiError as error:
-        raise api_failure(what, error.status, error.reason, error.message or str(error), missing) from None
+        words = refusal_words(error.reason, error.message or str(error), error.details)
+        raise api_failure(what, error.status, error.reason, words, missing) from None
     except TRANSPORT_ERRORS as error:
         raise ConnectionFailed(f"{what}: cannot reach the API server: {str(error) or type(error).__name__}") from None
+
+
+def refusal_words(reason: str, message: str, details: Mapping[str, Any]) -> str:
+    """A refusal as kubectl prints it (and ``phalanx plan``): an Invalid one from its causes, one
+    per line when there are several; anything else as the server's message."""
+    causes = details.get("causes") if reason == "Invalid" else None
+    if not isinstance(causes, list) or not causes:
+        return message
+    head = "The request is invalid"
+    if details.get("kind") or details.get("name"):
+        head = f'The {details.get("kind", "")} "{details.get("name", "")}" is invalid'
+    lines: list[str] = []
+    for cause in causes:
+        line = f"{cause.get('field', '')}: {cause.get('message', '')}" if isinstance(cause, Mapping) else str(cause)
+        if line not in lines:  # kubectl skips repeated causes
+            lines.append(line)
+    if len(lines) == 1:
+        return f"{head}: {lines[0]}"
+    return f"{head}: \n" + "\n".join(f"* {line}" for line in lines)
 
 
 def api_failure(what: str, status: int, reason: str, words: str, missing: str | None = None) -> PhalanxError:

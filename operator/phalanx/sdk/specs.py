@@ -21,12 +21,9 @@ JobSource = api.TrainingJob | Mapping[str, Any] | str | os.PathLike[str]
 def job_body(job: JobSource, namespace: str) -> dict[str, Any]:
     """The body to create, in ``namespace`` unless it names its own."""
     if isinstance(job, api.TrainingJob):
-        body = job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
-        body["metadata"] = {
-            key: value
-            for key, value in body["metadata"].items()
-            if key not in ("uid", "resourceVersion", "generation", "creationTimestamp")
-        }
+        body = job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status", "metadata"})
+        given = job.metadata.model_fields_set & {"name", "namespace", "labels", "annotations"}  # not a default
+        body["metadata"] = job.metadata.model_dump(mode="json", by_alias=True, exclude_none=True, include=given)
     elif isinstance(job, Mapping):
         body = copy.deepcopy(dict(job))
     elif isinstance(job, (str, os.PathLike)):

@@ -91,7 +91,8 @@ class JobStatus:
     def from_body(cls, body: Mapping[str, Any]) -> JobStatus:
         metadata = body.get("metadata") or {}
         status = body.get("status") or {}
-        workers = status.get("workers") if isinstance(status.get("workers"), Mapping) else {}
+        counts = status.get("workers")
+        workers: Mapping[str, Any] = counts if isinstance(counts, Mapping) else {}
         return cls(
             name=str(metadata.get("name", "")),
             namespace=str(metadata.get("namespace", "")),
