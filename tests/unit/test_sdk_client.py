@@ -267,7 +267,7 @@ def test_an_invalid_status_is_worded_as_kubectl_and_plan_word_it() -> None:
     )
     assert errors.refusal_words("BadRequest", "strict decoding error", {}) == "strict decoding error"
     with (
-        pytest.raises(SpecRefused, match='^The TrainingJob "x" is invalid: spec.workers.min'),
+        pytest.raises(SpecRefused, match=r'^The TrainingJob "x" is invalid: spec\.workers\.min'),
         errors.translated("create"),
     ):
         raise ApiError(422, "Invalid", "server words", one)
