@@ -434,8 +434,8 @@ class AsyncClient:
 
         task = asyncio.create_task(following())
         try:
-            while (line := await lines.get()) is not None:
-                yield line
+            while (received := await lines.get()) is not None:
+                yield received
             with translated(f"follow the logs of trainingjob {name}"):
                 task.result()
         finally:
