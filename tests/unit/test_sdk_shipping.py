@@ -8,6 +8,7 @@ import json
 import linecache
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -205,3 +206,19 @@ def test_the_runner_calls_the_function_with_its_arguments(tmp_path: pathlib.Path
     environment = {**os.environ, "LOCAL_RANK": "0"}
     subprocess.run([sys.executable, str(tmp_path / code.entry)], check=True, env=environment, timeout=60)
     assert json.loads((tmp_path / "out.json").read_text()) == {"steps": 5, "scale": 2.5, "rank": "0"}
+
+
+def test_the_docs_notebook_function_trains_under_torchrun(tmp_path: pathlib.Path) -> None:
+    """docs/sdk.md's training function, shipped as a notebook cell would be, runs through the
+    runner in two torchrun workers over gloo (a shorter run than the doc's)."""
+    pytest.importorskip("torch")
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "sdk.md").read_text()
+    cells = re.findall(r"<!-- notebook cell -->\n```python\n(.*?)```", text, re.DOTALL)
+    assert len(cells) >= 3 and "submit_function(" in cells[1] and "client.wait(" in cells[2]
+    code = shipping.function_code(from_cell(cells[0], "<ipython-input-1-docs>"), [40], {"lr": 0.05}, [])
+    for path, source in shipping.code_config_map("docs", "ml", code)["data"].items():
+        (tmp_path / path).write_text(source)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(tmp_path / code.entry)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step 40/40 loss" in done.stdout
