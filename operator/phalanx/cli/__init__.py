@@ -12,10 +12,10 @@ import os
 import sys
 
 from phalanx import __version__
-from phalanx.cli import convert, describe, doctor, generate, logs, plan, run
+from phalanx.cli import convert, describe, doctor, generate, logs, plan, run, run_local
 
 # in the order `phalanx --help` lists them: before applying, while it runs, the cluster, then the operator's own
-COMMANDS = (plan, convert, describe, logs, doctor, generate, run)
+COMMANDS = (plan, run_local, convert, describe, logs, doctor, generate, run)
 
 
 def _program_name() -> str:
