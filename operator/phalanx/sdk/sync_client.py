@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
+import pathlib
 import queue
 import threading
 import weakref
@@ -20,6 +21,8 @@ from typing import Any, TypeVar
 
 from phalanx.sdk import shipping, specs
 from phalanx.sdk.async_client import DEFAULT_LOG_BUFFER_LINES, AsyncClient, LogLine, OnChange
+from phalanx.sdk.errors import PhalanxError
+from phalanx.sdk.local import LocalBackend
 from phalanx.sdk.progress_bar import ProgressDisplay
 from phalanx.sdk.status import Job, JobStatus
 
@@ -56,8 +59,11 @@ class _LoopThread:
             self.loop.close()
 
 
-def _close(loop: _LoopThread, client: AsyncClient) -> None:
-    """Close the client on its loop, then stop the loop (also from the garbage collector)."""
+def _close(loop: _LoopThread, client: AsyncClient, local: LocalBackend | None) -> None:
+    """Stop local runs, close the client on its loop, then stop the loop (also from the garbage
+    collector)."""
+    if local is not None:
+        local.close()
     if not loop.loop.is_closed() and loop.thread.is_alive():
         with contextlib.suppress(Exception):  # best effort: the process may be exiting
             loop.submit(client.close()).result(timeout=5)
@@ -79,9 +85,10 @@ class Client:
         if backend not in ("cluster", "local"):
             raise ValueError(f"backend is 'cluster' or 'local', not {backend!r}")
         self.backend = backend
+        self._local = LocalBackend() if backend == "local" else None
         self._loop = _LoopThread()
         self._async = AsyncClient(namespace, kubeconfig, context)
-        self._finalizer = weakref.finalize(self, _close, self._loop, self._async)
+        self._finalizer = weakref.finalize(self, _close, self._loop, self._async, self._local)
 
     @property
     def namespace(self) -> str:
@@ -108,6 +115,8 @@ class Client:
 
     def submit(self, job: specs.JobSource) -> Job:
         """See ``AsyncClient.submit``."""
+        if self._local is not None:
+            return self._local.submit(job)
         return self._run(self._async.submit(job))
 
     def submit_function(
@@ -127,6 +136,18 @@ class Client:
         **kwargs: Any,
     ) -> Job:
         """See ``AsyncClient.submit_function``."""
+        if self._local is not None:
+            return self._local.submit_code(
+                name or shipping.job_name_for(fn.__name__.replace("_", "-")),
+                shipping.function_code(fn, args, kwargs, packages),
+                workers=workers,
+                gpus=gpus,
+                image=image,
+                env=env,
+                cpu=cpu,
+                memory=memory,
+                labels=labels,
+            )
         return self._run(
             self._async.submit_function(
                 fn,
@@ -162,6 +183,19 @@ class Client:
         image_pull_policy: str | None = None,
     ) -> Job:
         """See ``AsyncClient.submit_script``."""
+        if self._local is not None:
+            return self._local.submit_code(
+                name or shipping.job_name_for(pathlib.Path(path).resolve().stem),
+                shipping.script_code(path, entry),
+                args=args,
+                workers=workers,
+                gpus=gpus,
+                image=image,
+                env=env,
+                cpu=cpu,
+                memory=memory,
+                labels=labels,
+            )
         return self._run(
             self._async.submit_script(
                 path,
@@ -182,9 +216,13 @@ class Client:
     # -- reading -----------------------------------------------------------------------------
 
     def get(self, name: str) -> JobStatus:
+        if self._local is not None:
+            return self._local.get(name)
         return self._run(self._async.get(name))
 
     def list(self, labels: Mapping[str, str] | str | None = None) -> list[JobStatus]:
+        if self._local is not None:
+            return self._local.list()
         return self._run(self._async.list(labels))
 
     def wait(
@@ -196,8 +234,14 @@ class Client:
         show_progress: bool = False,
     ) -> JobStatus:
         """See ``AsyncClient.wait``; ``on_change`` and the display run in this thread."""
-        changes: queue.SimpleQueue[JobStatus] = queue.SimpleQueue()
         display = ProgressDisplay.for_environment(name) if show_progress else None
+        if self._local is not None:
+            try:
+                return self._local.wait(name, until, timeout, _both(on_change, display))
+            finally:
+                if display is not None:
+                    display.close()
+        changes: queue.SimpleQueue[JobStatus] = queue.SimpleQueue()
         future = self._loop.submit(self._async.wait(name, until, timeout, on_change=changes.put))
         try:
             while True:
@@ -230,6 +274,9 @@ class Client:
         buffer_lines: int = DEFAULT_LOG_BUFFER_LINES,
     ) -> Iterator[LogLine]:
         """See ``AsyncClient.logs``: an iterator; lines are read as it is advanced."""
+        if self._local is not None:
+            local = self._local.logs(name, follow, rank)
+            return (LogLine(worker=worker, attempt=0, text=text) for worker, text in local)
         lines = self._async.logs(name, follow, rank, attempt, container, tail_lines, buffer_lines)
         return self._iterate(lines)
 
@@ -250,17 +297,39 @@ class Client:
 
     # -- changing ----------------------------------------------------------------------------
 
+    def _cluster_only(self, what: str) -> None:
+        if self._local is not None:
+            raise PhalanxError(f"{what} needs a cluster: the local backend runs a job as it was submitted")
+
     def scale(self, name: str, desired: int) -> JobStatus:
+        self._cluster_only("scale")
         return self._run(self._async.scale(name, desired))
 
     def suspend(self, name: str) -> JobStatus:
+        self._cluster_only("suspend")
         return self._run(self._async.suspend(name))
 
     def resume(self, name: str) -> JobStatus:
+        self._cluster_only("resume")
         return self._run(self._async.resume(name))
 
     def delete(self, name: str, wait: bool = False, timeout: float | None = None) -> bool:
+        if self._local is not None:
+            return self._local.delete(name)
         return self._run(self._async.delete(name, wait, timeout))
 
     def plan(self, job: specs.JobSource) -> specs.Plan:
         return self._async.plan(job)
+
+
+def _both(on_change: OnChange | None, display: ProgressDisplay | None) -> OnChange | None:
+    """One callback that updates the display and calls the user's."""
+    if display is None:
+        return on_change
+
+    def changed(status: JobStatus) -> None:
+        display.update(status)
+        if on_change is not None:
+            on_change(status)
+
+    return changed
