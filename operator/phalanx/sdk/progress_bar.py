@@ -44,7 +44,7 @@ class ProgressDisplay:
     def for_environment(cls, name: str) -> ProgressDisplay:
         if _in_notebook():
             display = sys.modules["IPython"].display.display  # loaded: _in_notebook found IPython
-            return cls(name, handle=display(f"{name} waiting", display_id=True))
+            return cls(name, handle=display({"text/plain": f"{name} waiting"}, raw=True, display_id=True))
         if sys.stderr.isatty():
             return cls(name, stream=sys.stderr)
         return cls(name)
@@ -54,7 +54,7 @@ class ProgressDisplay:
         if line == self.shown:
             return
         if self.handle is not None:
-            self.handle.update(line)
+            self.handle.update({"text/plain": line}, raw=True)
         elif self.stream is not None:
             padding = " " * max(0, len(self.shown) - len(line))  # erase the longer line before
             self.stream.write(f"\r{line}{padding}")
