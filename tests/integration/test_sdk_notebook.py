@@ -54,7 +54,8 @@ def test_a_notebook_ships_the_docs_function_and_waits_with_progress(
         'print("phase", status.phase)',
         "client.close()",
     ]
-    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    code_cells = [nbformat.v4.new_code_cell(source) for source in cells]  # type: ignore[no-untyped-call]
+    notebook = nbformat.v4.new_notebook(cells=code_cells)  # type: ignore[no-untyped-call]
     NotebookClient(notebook, kernel_name="python3", timeout=180).execute()
     outputs = [cell["outputs"] for cell in notebook.cells]
     assert "".join(o.get("text", "") for o in outputs[2]).strip() == "phase Running"
