@@ -294,7 +294,16 @@ class AsyncClient:
             **config_map,
             "metadata": {**config_map["metadata"], "resourceVersion": metadata["resourceVersion"]},
         }
-        await client.request("PUT", path, params={"fieldManager": FIELD_MANAGER}, body=replacement)
+        try:
+            await client.request("PUT", path, params={"fieldManager": FIELD_MANAGER}, body=replacement)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            # the garbage collector took it meanwhile (its owner was gone): create it afresh
+            namespace = config_map["metadata"]["namespace"]
+            await client.request(
+                "POST", _config_map_path(namespace), params=CREATE_PARAMS, body=config_map, idempotent=True
+            )
 
     # -- reading -----------------------------------------------------------------------------
 
