@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Set
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Set
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
@@ -115,12 +115,18 @@ OpenLog = Callable[[Mapping[str, Any], str | None, LogOptions], AsyncIterator[st
 """Opens the log of (pod, container) with these options: ``ApiClient.pod_log`` in the command."""
 
 
+Deliver = Callable[[int, int, str], Awaitable[None]]
+"""Takes (attempt, worker index, line) and returns once the reader has room for it: the SDK's
+bounded queue, so a slow reader pauses the streams instead of growing memory."""
+
+
 class FollowedLogs:
     """Follows the logs of a job's workers, as pod and job changes are handed to it, until the
     job ends (or the attempt asked for is over) and its streams have drained.
 
     ``pod_changed`` and ``job_changed`` are called with bodies from list-and-watch; ``run`` waits
-    for the end. ``emit`` gets each output line (prefix included), ``note`` messages for stderr.
+    for the end. ``emit`` gets each output line (prefix included), ``note`` messages for stderr;
+    with ``deliver``, lines go to it instead, unprefixed, and each stream waits for it.
     """
 
     def __init__(
@@ -133,9 +139,11 @@ class FollowedLogs:
         selection: Selection,
         options: LogOptions,
         prefix: bool = True,
+        deliver: Deliver | None = None,
     ) -> None:
         self.open_log = open_log
         self.emit = emit
+        self.deliver = deliver
         self.note = note
         self.selection = selection
         self.options = options
@@ -143,6 +151,7 @@ class FollowedLogs:
         self.job_name = str(job["metadata"]["name"])
         self.job_uid = str(job["metadata"].get("uid", ""))
         status = job.get("status") or {}
+        self.phase_at_start = str(status.get("phase") or "Pending")
         self.current_attempt = int(status.get("attempt") or 0)
         self.first_attempt = selection.attempt if selection.attempt is not None else self.current_attempt
         self.started_with: set[str] = set()  # pods present when the command started: tail/since apply
@@ -232,7 +241,10 @@ class FollowedLogs:
                 try:
                     async for text in self.open_log(pod, container, options):
                         received = True
-                        self.emit(self._prefix(attempt, index) + text)
+                        if self.deliver is not None:
+                            await self.deliver(attempt, index, text)
+                        else:
+                            self.emit(self._prefix(attempt, index) + text)
                     return
                 except ApiError as error:
                     if error.status in (401, 403):
@@ -365,6 +377,47 @@ class _JobSink:
             self.followed.job_gone()
         else:
             self.followed.job_changed(obj)
+
+
+def followed_logs(
+    client: ApiClient,
+    namespace: str,
+    job: dict[str, Any],
+    selection: Selection,
+    options: LogOptions,
+    *,
+    emit: Callable[[str], None],
+    note: Callable[[str], None],
+    prefix: bool = True,
+    deliver: Deliver | None = None,
+) -> FollowedLogs:
+    """A FollowedLogs that reads the logs through ``client``."""
+    return FollowedLogs(
+        _opener(client, namespace),
+        emit,
+        note,
+        job=job,
+        selection=selection,
+        options=options,
+        prefix=prefix,
+        deliver=deliver,
+    )
+
+
+async def watch_and_follow(
+    client: ApiClient, namespace: str, followed: FollowedLogs, note: Callable[[str], None]
+) -> None:
+    """Feed ``followed`` from watches of the job and its worker pods until it is over."""
+    name = followed.job_name
+    selector = followed.selection.label_selector(name)
+    pods = Informer(client, PODS, _PodSink(followed), namespace=namespace, label_selector=selector)
+    jobs = Informer(client, JOBS, _JobSink(followed), namespace=namespace, field_selector=f"metadata.name={name}")
+    await pods.list_once()  # a refusal (forbidden) ends the command here, in one line
+    await jobs.list_once()
+    if not followed.streams and followed.ended is None:
+        note(f"waiting for the workers of trainingjob {name} to start (phase {followed.phase_at_start})")
+    async with _running(pods, jobs):
+        await followed.run()
 
 
 async def follow(

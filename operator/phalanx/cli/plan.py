@@ -218,6 +218,20 @@ def _emit(objects: Iterable[dict[str, Any]], output: str) -> str:
     return yaml.safe_dump_all(items, sort_keys=False, width=120)
 
 
+def judge(body: dict[str, Any], *, namespace: str) -> Preview | str:
+    """What the operator would create for a TrainingJob's body, or why it would be refused (the API
+    server's words) or failed (InvalidSpec)."""
+    if body.get("apiVersion") != api.API_VERSION:
+        return f'no matches for kind "{api.KIND}" in version "{body.get("apiVersion")}"'
+    verdict = admission.admit(body)
+    if verdict.admitted is None:
+        return verdict.message
+    try:
+        return preview(verdict.admitted, namespace=namespace)
+    except PlanningError as error:
+        return f'the {api.KIND} "{verdict.name}" would be accepted, but the operator fails it (InvalidSpec): {error}'
+
+
 def plan_documents(paths: list[str], *, namespace: str, output: str) -> tuple[list[str], list[str]]:
     """(what to print on stdout, what to print on stderr); a non-empty stderr means failure."""
     out: list[str] = []
@@ -233,20 +247,9 @@ def plan_documents(paths: list[str], *, namespace: str, output: str) -> tuple[li
                 out.append(f"{document.where}: {what}: skipped, not a {api.KIND}")
             continue
         seen += 1
-        if body.get("apiVersion") != api.API_VERSION:
-            problems.append(f'{document.where}: no matches for kind "{api.KIND}" in version "{body.get("apiVersion")}"')
-            continue
-        verdict = admission.admit(body)
-        if verdict.admitted is None:
-            problems.append(f"{document.where}: {verdict.message}")
-            continue
-        try:
-            result = preview(verdict.admitted, namespace=namespace)
-        except PlanningError as error:
-            problems.append(
-                f'{document.where}: the {api.KIND} "{verdict.name}" would be accepted, but the operator fails it '
-                f"(InvalidSpec): {error}"
-            )
+        result = judge(body, namespace=namespace)
+        if isinstance(result, str):
+            problems.append(f"{document.where}: {result}")
             continue
         if output == "summary":
             out.append(summary(result))

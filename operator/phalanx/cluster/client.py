@@ -56,11 +56,13 @@ TRANSPORT_ERRORS: tuple[type[Exception], ...] = (TimeoutError, aiohttp.ClientErr
 class ApiError(Exception):
     """A response from the API server that is not a success."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(self, status: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.details = details or {}
+        """The Status's details (kind, name, causes), from which kubectl words a refusal."""
 
 
 class NotLeadingError(Exception):
@@ -117,7 +119,13 @@ def api_error(status: int, text: str) -> ApiError:
         payload = None
     if not isinstance(payload, dict):
         payload = {"reason": "Unknown", "message": text}
-    return ApiError(status, str(payload.get("reason", "")), str(payload.get("message", text)))
+    details = payload.get("details")
+    return ApiError(
+        status,
+        str(payload.get("reason", "")),
+        str(payload.get("message", text)),
+        details if isinstance(details, dict) else None,
+    )
 
 
 async def body_lines(chunks: AsyncIterable[bytes], max_line_bytes: int | None = None) -> AsyncIterator[bytes]:
