@@ -11,7 +11,6 @@ import pathlib
 import re
 import subprocess
 import sys
-import textwrap
 from typing import Any
 
 import pytest
@@ -23,7 +22,6 @@ from tests.integration.operator_process import OperatorProcess
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-NOTEBOOK_CELL = re.compile(r"<!-- notebook cell -->\n```python\n(.*?)```", re.DOTALL)
 
 
 def user_kubeconfig(real_cluster: Any, namespace: str, directory: pathlib.Path) -> pathlib.Path:
@@ -98,39 +96,29 @@ def test_a_python_script_submits_the_cpu_example_waits_and_streams_its_logs(
     assert result["progress"] == {"step": 200, "total": 200, "percent": 100}, result["progress"]
 
 
-def notebook_cells(document: pathlib.Path) -> list[str]:
-    """The python blocks the document marks as notebook cells, in order."""
-    cells = NOTEBOOK_CELL.findall(document.read_text())
-    assert cells, f"{document} marks no notebook cell"
-    return [textwrap.dedent(cell).rstrip() for cell in cells]
-
-
 def test_the_sdk_documents_example_runs_in_a_notebook_kernel(
-    real_cluster: Any, kubectl: Kubectl, namespace: str, operator: OperatorProcess, tmp_path: pathlib.Path
+    real_cluster: Any,
+    kubectl: Kubectl,
+    namespace: str,
+    operator: OperatorProcess,
+    tmp_path: pathlib.Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """docs/sdk.md's notebook cells as they stand, from submit_function to the job's deletion."""
     import nbformat
     from nbclient import NotebookClient
 
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(cell) for cell in notebook_cells(ROOT / "docs" / "sdk.md")]
-    kubeconfig = user_kubeconfig(real_cluster, namespace, tmp_path)
-    previous = {key: os.environ.get(key) for key in ("KUBECONFIG", "PYTHONPATH")}
-    os.environ.update({key: value for key, value in user_environment(kubeconfig).items() if key in previous})
-    try:  # the kernel is a process of its own: it reads the environment it is started with
-        client = NotebookClient(
-            notebook,
-            timeout=600,
-            kernel_name="python3",
-            resources={"metadata": {"path": str(tmp_path)}},
-        )
-        client.execute()
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    nbformat.write(notebook, tmp_path / "sdk.ipynb")
+    from tests.integration.test_sdk_notebook import docs_cells
+
+    cells = [nbformat.v4.new_code_cell(cell) for cell in docs_cells()]  # type: ignore[no-untyped-call]
+    notebook = nbformat.v4.new_notebook(cells=cells)  # type: ignore[no-untyped-call]
+    # the kernel is a process of its own: it reads the environment it is started with
+    for key, value in user_environment(user_kubeconfig(real_cluster, namespace, tmp_path)).items():
+        if key in ("KUBECONFIG", "PYTHONPATH"):
+            monkeypatch.setenv(key, value)
+    where = {"metadata": {"path": str(tmp_path)}}
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources=where).execute()
+    nbformat.write(notebook, tmp_path / "sdk.ipynb")  # type: ignore[no-untyped-call]
     outputs = []
     for number, cell in enumerate(notebook.cells, 1):
         for output in cell.get("outputs", []):
