@@ -127,6 +127,6 @@ def test_the_sdk_documents_example_runs_in_a_notebook_kernel(
     shown = "\n".join(outputs)
     print(f"--- notebook outputs ---\n{shown}")
     # the example prints the final status with its progress, then deletes the job
-    assert re.search(r"^Succeeded .*percent=100", shown, re.MULTILINE), shown[-4000:]
-    assert re.search(r"metrics=\{'loss'", shown), shown[-4000:]
+    assert re.search(r"Succeeded Progress\(step=200, total_steps=200, percent=100", shown), shown[-4000:]
+    assert re.search(r"metrics=\{'loss': Metric\(value=", shown), shown[-4000:]
     assert not kubectl.list("tj", namespace, None)

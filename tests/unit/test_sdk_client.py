@@ -84,7 +84,12 @@ def test_status_reads_progress_tolerantly() -> None:
                     "step": 50,
                     "totalSteps": 200,
                     "etaSeconds": 125,
-                    "metrics": {"loss": {"value": 0.5, "step": 50, "time": 1.0}, "bad": {"value": "x"}},
+                    # the operator's shape (api.ProgressMetric), with entries a hand-edited status may hold
+                    "metrics": [
+                        {"name": "loss", "value": 0.5, "step": 50, "time": "2026-12-05T10:00:00Z"},
+                        {"name": "bad", "value": "x"},
+                        "junk",
+                    ],
                 },
                 "conditions": [{"type": "Ready", "status": "True"}, "junk"],
             }

@@ -42,14 +42,17 @@ class Progress:
         if not isinstance(progress, Mapping):
             return None
         metrics: dict[str, Metric] = {}
-        for name, metric in (
-            (progress.get("metrics") or {}).items() if isinstance(progress.get("metrics"), Mapping) else ()
-        ):
-            value = _number(metric.get("value") if isinstance(metric, Mapping) else metric)
+        # status.progress.metrics is a list of {name, value, step, time} (api.ProgressMetric)
+        listed = progress.get("metrics")
+        for metric in listed if isinstance(listed, list) else ():
+            if not isinstance(metric, Mapping) or not isinstance(metric.get("name"), str):
+                continue
+            value = _number(metric.get("value"))
             if value is not None:
-                step = _integer(metric.get("step")) if isinstance(metric, Mapping) else None
-                when = metric.get("time") if isinstance(metric, Mapping) else None
-                metrics[str(name)] = Metric(value, step, when if isinstance(when, (int, float, str)) else None)
+                when = metric.get("time")
+                metrics[metric["name"]] = Metric(
+                    value, _integer(metric.get("step")), when if isinstance(when, (int, float, str)) else None
+                )
         step, total = _integer(progress.get("step")), _integer(progress.get("totalSteps"))
         percent = _number(progress.get("percent"))
         if percent is None and step is not None and total:
