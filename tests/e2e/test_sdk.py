@@ -130,3 +130,51 @@ def test_the_sdk_documents_example_runs_in_a_notebook_kernel(
     assert re.search(r"Succeeded Progress\(step=200, total_steps=200, percent=100", shown), shown[-4000:]
     assert re.search(r"metrics=\{'loss': Metric\(value=", shown), shown[-4000:]
     assert not kubectl.list("tj", namespace, None)
+
+
+def test_a_transformers_trainer_shows_its_progress_in_status_and_kubectl_get(
+    real_cluster: Any, kubectl: Kubectl, namespace: str, operator: OperatorProcess, tmp_path: pathlib.Path
+) -> None:
+    """examples/transformers-progress shipped by submit_script: the callback's reports reach
+    status.progress (percent, ETA, the logged loss) and the PROGRESS column while it trains."""
+    from phalanx.sdk import Client
+
+    steps = 300
+    with Client(kubeconfig=str(real_cluster.kubeconfig), namespace=namespace) as client:
+        job = client.submit_script(
+            ROOT / "examples" / "transformers-progress",
+            entry="train.py",
+            args=["--steps", str(steps), "--step-seconds", "0.15", "--logging-steps", "10"],
+            workers=2,
+            name="hf-progress",
+            cpu="500m",
+            memory="1Gi",
+        )
+        client.wait(job.name, until="Running", timeout=300)
+
+        def training_progress() -> dict[str, Any] | None:
+            status = (kubectl.get("tj", job.name, namespace) or {}).get("status") or {}
+            progress = status.get("progress") or {}
+            metrics = {metric["name"] for metric in progress.get("metrics") or []}
+            if status.get("phase") == "Running" and progress.get("etaSeconds") and "loss" in metrics:
+                return progress
+            return None
+
+        during = kubectl.wait_for(training_progress, timeout=240, interval=1.0, what="an ETA and the loss")
+        assert isinstance(during, dict)
+        table = kubectl.run("get", "tj", job.name, f"--namespace={namespace}").stdout
+        print(f"status.progress while training: {json.dumps(during)}\n{table}")
+        header, row = table.splitlines()[:2]
+        assert "PROGRESS" in header.split()
+        column = row[header.index("PROGRESS") :]
+        assert re.match(r"\d+%", column), table
+        assert 0 < during["step"] < steps and during["totalSteps"] == steps
+        assert 0 <= during["percent"] < 100 and during["etaSeconds"] > 0
+        loss = next(metric for metric in during["metrics"] if metric["name"] == "loss")
+        assert loss["step"] <= during["step"] and loss["value"] > 0
+
+        final = client.wait(job.name, timeout=300)
+    after = final.raw.get("status", {}).get("progress") or {}
+    print(f"status.progress at the end: {json.dumps(after)}")
+    assert final.phase == "Succeeded"
+    assert after["step"] == steps and after["percent"] == 100 and "etaSeconds" not in after
