@@ -37,7 +37,8 @@ def test_crd_is_established_with_printer_columns(kubectl: Kubectl, crds: list[st
     got = kubectl.get("crd", "trainingjobs.phalanx.dev")
     assert got is not None
     version = got["spec"]["versions"][0]
-    assert [c["name"] for c in version["additionalPrinterColumns"]][:4] == ["Phase", "Workers", "Restarts", "Age"]
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns[:5] == ["Phase", "Workers", "Progress", "Restarts", "Age"]
     assert any(c["type"] == "Established" and c["status"] == "True" for c in got["status"]["conditions"])
 
 

@@ -142,7 +142,7 @@ def test_workers_bind_to_gpu_nodes_by_capacity_and_the_job_runs(
     assert conditions["Reconciling"]["status"] == "False"
     assert all(c["observedGeneration"] == 1 for c in conditions.values())
     table = kubectl.run("get", "tj", "demo", f"--namespace={namespace}").stdout.splitlines()
-    assert table[0].split()[:4] == ["NAME", "PHASE", "WORKERS", "RESTARTS"]
+    assert table[0].split()[:5] == ["NAME", "PHASE", "WORKERS", "PROGRESS", "RESTARTS"]
     assert table[1].split()[:4] == ["demo", "Running", "3/3", "0"]
 
 

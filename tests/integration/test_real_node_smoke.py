@@ -180,13 +180,13 @@ def test_trainer_pod_imports_torch(real_node: RealNode, namespace: str) -> None:
 
 def test_trainer_image_has_phalanx(real_node: RealNode, namespace: str) -> None:
     """The Dockerfile's trainer target: phalanx-worker of this checkout (the in-pod helper alone,
-    no operator code or dependency) and torchrun."""
+    no operator code or dependency; pydantic comes with Transformers) and torchrun."""
     name = "phalanx-import"
     script = (
         "import importlib.metadata as m, importlib.util as u, shutil, phalanx.worker.metrics, prometheus_client; "
         "import numpy; "
         "print('phalanx-worker', m.version('phalanx-worker'), 'torchrun', shutil.which('torchrun'), 'operator', "
-        "[n for n in ('phalanx.api', 'kopf', 'pydantic', 'aiohttp', 'kubernetes') if u.find_spec(n)])"
+        "[n for n in ('phalanx.api', 'kopf', 'aiohttp', 'kubernetes') if u.find_spec(n)])"
     )
     _apply(real_node, _pod(real_node, name, namespace, ["python3", "-c", script]))
     _wait_phase(real_node, name, namespace, timeout=120)
