@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from phalanx import metrics_endpoint
-from phalanx.cluster.lease import LEASE_DURATION_ENV, RENEW_DEADLINE_ENV, RETRY_ENV, LeaseTiming
+from phalanx.cluster.lease import LeaseTiming
+from phalanx.handlers.settings import LEASE_DURATION_ENV, RENEW_DEADLINE_ENV, RETRY_ENV
 from phalanx.reconcile import naming
 from phalanx.reconcile.environment import WORKER_METRICS_PORT
 from tests.cluster.kube import Kubectl

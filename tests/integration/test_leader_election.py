@@ -18,9 +18,10 @@ from aiohttp import web
 
 from phalanx.api import v1alpha1 as api
 from phalanx.cluster.client import ApiClient, ApiError
-from phalanx.cluster.lease import LEASE_DURATION_ENV, RENEW_DEADLINE_ENV, RETRY_ENV, LeaseTiming
+from phalanx.cluster.lease import LeaseTiming
 from phalanx.cluster.login import Credentials, Login
 from phalanx.handlers import lifecycle
+from phalanx.handlers.settings import LEASE_DURATION_ENV, RENEW_DEADLINE_ENV, RETRY_ENV, Settings
 from phalanx.reconcile import naming
 from tests.cluster.faultproxy import FaultProxy, Request
 from tests.cluster.kube import Kubectl
@@ -210,7 +211,7 @@ async def test_renewals_keep_their_deadline_while_a_slow_api_server_holds_every_
             monkeypatch.setenv(name, value)
         login = Login(kubeconfig=str(via))
         async with ApiClient(login.load(), login=login, max_in_flight=4, timeout=60) as client:
-            elector = lifecycle.leader_elector(client)
+            elector = lifecycle.leader_elector(client, Settings.from_environment())
             assert elector is not None
             await elector.acquire()
             holding = asyncio.create_task(elector.hold())

@@ -34,6 +34,7 @@ from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import trainingjob
 from phalanx.handlers.lifecycle import supervised
 from phalanx.handlers.runtime import PODS, Runtime
+from phalanx.handlers.settings import Settings
 from phalanx.reconcile import naming
 from tests.integration.scenario import TRAINER
 from tests.unit.jobs import manifest
@@ -91,7 +92,7 @@ async def operator_in_process(credentials: Credentials, namespace: str, crds: li
         assert runtime is not None
         return await trainingjob.reconcile(runtime, key)
 
-    runtime = Runtime.start(client, WorkQueue(handle), namespaces=(namespace,), watch_nodes=True)
+    runtime = Runtime.start(client, WorkQueue(handle), Settings(watch_namespaces=(namespace,), watch_nodes=True))
     runtime.queue.start()
     runtime.progress = ProgressPoller(runtime.jobs, runtime.children, runtime.queue.enqueue, interval=1.0, timeout=0.2)
     tasks = [supervised(name, work) for name, work in runtime.background() + runtime.leader_work()]

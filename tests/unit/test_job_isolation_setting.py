@@ -10,13 +10,8 @@ import pytest
 
 from phalanx.cli import run as run_command
 from phalanx.cluster.workqueue import WorkQueue
-from phalanx.handlers.runtime import (
-    JOB_NETWORK_POLICY,
-    JOB_NETWORK_POLICY_SCRAPERS,
-    WATCH_NAMESPACES,
-    Runtime,
-    job_isolation,
-)
+from phalanx.handlers.runtime import Runtime
+from phalanx.handlers.settings import JOB_NETWORK_POLICY, JOB_NETWORK_POLICY_SCRAPERS, WATCH_NAMESPACES, Settings
 from phalanx.reconcile.observed import JobIsolation
 
 PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
@@ -24,17 +19,17 @@ PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name
 
 def test_off_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(JOB_NETWORK_POLICY, raising=False)
-    assert job_isolation() is None
+    assert Settings.from_environment().job_isolation is None
     monkeypatch.setenv(JOB_NETWORK_POLICY, "0")
-    assert job_isolation() is None
+    assert Settings.from_environment().job_isolation is None
 
 
 def test_on_with_its_scrapers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(JOB_NETWORK_POLICY, "true")
     monkeypatch.delenv(JOB_NETWORK_POLICY_SCRAPERS, raising=False)
-    assert job_isolation() == JobIsolation(scrapers=())
+    assert Settings.from_environment().job_isolation == JobIsolation(scrapers=())
     monkeypatch.setenv(JOB_NETWORK_POLICY_SCRAPERS, json.dumps([PROMETHEUS]))
-    assert job_isolation() == JobIsolation(scrapers=(PROMETHEUS,))
+    assert Settings.from_environment().job_isolation == JobIsolation(scrapers=(PROMETHEUS,))
 
 
 @pytest.mark.parametrize("value", ["not json", json.dumps([{"podSelector": {"matchLabels": {"a": "b c"}}}])])
@@ -42,7 +37,7 @@ def test_scrapers_the_api_server_would_refuse_stop_the_start(monkeypatch: pytest
     monkeypatch.setenv(JOB_NETWORK_POLICY, "1")
     monkeypatch.setenv(JOB_NETWORK_POLICY_SCRAPERS, value)
     with pytest.raises(ValueError, match=JOB_NETWORK_POLICY_SCRAPERS):
-        job_isolation()
+        Settings.from_environment()
 
 
 def watched(runtime: Runtime) -> set[str]:
@@ -56,9 +51,11 @@ def test_network_policies_are_watched_only_when_jobs_get_them(monkeypatch: pytes
         return None
 
     client = cast(Any, object())
-    plain = Runtime.start(client, WorkQueue(handle), namespaces=("ml",), watch_nodes=False)
+    plain = Runtime.start(
+        client, WorkQueue(handle), Settings.from_environment({WATCH_NAMESPACES: "ml", "PHALANX_WATCH_NODES": "0"})
+    )
     isolating = Runtime.start(
-        client, WorkQueue(handle), namespaces=("ml",), watch_nodes=False, isolation=JobIsolation()
+        client, WorkQueue(handle), Settings(watch_namespaces=("ml",), watch_nodes=False, job_isolation=JobIsolation())
     )
     policies = "networkpolicies.networking.k8s.io/v1"
     assert policies not in watched(plain) and policies in watched(isolating)
@@ -74,4 +71,4 @@ def test_phalanx_run_takes_its_own_flag_and_hands_the_rest_to_kopf(monkeypatch: 
     monkeypatch.setattr("kopf.cli.main", lambda args, standalone_mode: handed.append(list(args)))
     run_command.run(["--standalone", "--job-network-policy", "-A"])
     assert handed == [["run", "-m", "phalanx.handlers", "--standalone", "-A"]]
-    assert job_isolation() == JobIsolation()
+    assert Settings.from_environment().job_isolation == JobIsolation()

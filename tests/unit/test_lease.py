@@ -12,17 +12,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from phalanx.cli.run import check_lease_timing
+from phalanx.cli.run import check_settings
 from phalanx.cluster.client import ApiClient, NotLeadingError
-from phalanx.cluster.lease import (
-    LEASE_DURATION_ENV,
-    RENEW_DEADLINE_ENV,
-    RETRY_ENV,
-    LeaderElector,
-    LeaseTiming,
-)
+from phalanx.cluster.lease import LeaderElector, LeaseTiming
 from phalanx.cluster.login import Credentials
 from phalanx.handlers import lifecycle
+from phalanx.handlers.settings import LEADER_ELECTION_ENV, LEASE_DURATION_ENV, RENEW_DEADLINE_ENV, RETRY_ENV, Settings
 from tests.unit.local_server import serving
 
 PATH = "/apis/coordination.k8s.io/v1/namespaces/ops/leases"
@@ -159,15 +154,22 @@ def test_lease_timing_keeps_a_margin_between_renew_deadline_plus_retry_and_the_l
         LeaseTiming(30, 2.4, 2)  # client-go: renewDeadline > JitterFactor * retryPeriod
     with pytest.raises(ValueError, match=r"0 < "):
         LeaseTiming(15, 10, 0)
-    environ = {LEASE_DURATION_ENV: "8", RENEW_DEADLINE_ENV: "4", RETRY_ENV: "1"}
-    assert LeaseTiming.from_environment(environ) == LeaseTiming(8, 4, 1)
-    assert LeaseTiming.from_environment({}) == LeaseTiming()
+    electing = {LEADER_ELECTION_ENV: "1"}
+    environ = {**electing, LEASE_DURATION_ENV: "8", RENEW_DEADLINE_ENV: "4", RETRY_ENV: "1"}
+    assert timing_of(environ) == LeaseTiming(8, 4, 1)
+    assert timing_of(electing) == LeaseTiming()
     with pytest.raises(ValueError, match="PHALANX_LEASE_RETRY_SECONDS='soon' is not a number"):
-        LeaseTiming.from_environment({RETRY_ENV: "soon"})
+        timing_of({**electing, RETRY_ENV: "soon"})
     # `phalanx run` refuses to start on them, with election on only
-    check_lease_timing({LEASE_DURATION_ENV: "10", RENEW_DEADLINE_ENV: "7"})
+    check_settings({LEASE_DURATION_ENV: "10", RENEW_DEADLINE_ENV: "7"})
     with pytest.raises(SystemExit, match="phalanx run: leader election needs renew deadline"):
-        check_lease_timing({"PHALANX_LEADER_ELECTION": "1", LEASE_DURATION_ENV: "10", RENEW_DEADLINE_ENV: "7"})
+        check_settings({"PHALANX_LEADER_ELECTION": "1", LEASE_DURATION_ENV: "10", RENEW_DEADLINE_ENV: "7"})
+
+
+def timing_of(environ: dict[str, str]) -> LeaseTiming:
+    election = Settings.from_environment(environ).leader_election
+    assert election is not None
+    return election.timing
 
 
 async def test_renewals_never_wait_behind_the_operators_other_requests(
@@ -186,7 +188,7 @@ async def test_renewals_never_wait_behind_the_operators_other_requests(
         RETRY_ENV: str(FAST.retry),
     }.items():
         monkeypatch.setenv(name, value)
-    a = lifecycle.leader_elector(client)
+    a = lifecycle.leader_elector(client, Settings.from_environment())
     assert a is not None
     await a.acquire()
     holding = asyncio.create_task(a.hold())

@@ -17,7 +17,8 @@ from phalanx.cli.run import node_options, watch_scope
 from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, NodeRequests, RecentlyDeleted, WorkloadCache
 from phalanx.cluster.client import resource_path
 from phalanx.cluster.workqueue import WorkQueue
-from phalanx.handlers.runtime import Runtime, node_loss_settings, spare_priority_class
+from phalanx.handlers.runtime import Runtime
+from phalanx.handlers.settings import Settings
 from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.errors import PlanningError
 from phalanx.reconcile.observed import QueuedWorkload
@@ -392,23 +393,30 @@ def test_run_takes_its_node_options_out_of_kopfs_arguments() -> None:
 def test_node_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PHALANX_NODE_LOST_GRACE_SECONDS", raising=False)
     monkeypatch.delenv("PHALANX_FORCE_DELETE_ON_NODE_LOST", raising=False)
-    assert node_loss_settings() == (300.0, False)  # Kubernetes' default toleration; never forced
+    assert node_loss_settings(Settings.from_environment()) == (
+        300.0,
+        False,
+    )  # Kubernetes' default toleration; never forced
     monkeypatch.setenv("PHALANX_NODE_LOST_GRACE_SECONDS", "45")
     monkeypatch.setenv("PHALANX_FORCE_DELETE_ON_NODE_LOST", "1")
-    assert node_loss_settings() == (45.0, True)
+    assert node_loss_settings(Settings.from_environment()) == (45.0, True)
     monkeypatch.setenv("PHALANX_NODE_LOST_GRACE_SECONDS", "-1")
     with pytest.raises(ValueError, match="PHALANX_NODE_LOST_GRACE_SECONDS"):
-        node_loss_settings()
+        node_loss_settings(Settings.from_environment())
 
 
 def test_the_spare_priority_class_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PHALANX_SPARE_PRIORITY_CLASS", raising=False)
-    assert spare_priority_class() is None  # spares then take the workers' class
+    assert Settings.from_environment().spare_priority_class is None  # spares then take the workers' class
     monkeypatch.setenv("PHALANX_SPARE_PRIORITY_CLASS", "phalanx-spare")
-    assert spare_priority_class() == "phalanx-spare"
+    assert Settings.from_environment().spare_priority_class == "phalanx-spare"
     monkeypatch.setenv("PHALANX_SPARE_PRIORITY_CLASS", "Spare Class")  # every spare would be refused
     with pytest.raises(ValueError, match="PHALANX_SPARE_PRIORITY_CLASS"):
-        spare_priority_class()
+        Settings.from_environment()
+
+
+def node_loss_settings(settings: Settings) -> tuple[float, bool]:
+    return settings.node_lost_grace_seconds, settings.force_delete_on_node_lost
 
 
 def node(name: str, gpus: int, *, ready: bool = True, **spec: Any) -> dict[str, Any]:
@@ -625,7 +633,9 @@ def test_a_pass_sees_each_nodes_free_room_with_its_own_pods_not_held_against_it(
     async def handle(key: tuple[str, str]) -> None:
         return None
 
-    runtime = Runtime.start(cast(Any, object()), WorkQueue(handle), namespaces=("ml",), watch_nodes=True)
+    runtime = Runtime.start(
+        cast(Any, object()), WorkQueue(handle), Settings(watch_namespaces=("ml",), watch_nodes=True)
+    )
     (bound,) = [informer for informer in runtime.informers if informer.sink is runtime.requests]
     # every namespace's pods at once, only those bound and not finished; no scope of jobs of its own
     assert bound.namespace is None and bound.resource.path(None) == "/api/v1/pods"

@@ -33,15 +33,14 @@ JOB_NETWORK_POLICY_FLAG = "--job-network-policy"
 """Ours, not kopf's: give each job a NetworkPolicy of its own (PHALANX_JOB_NETWORK_POLICY=1)."""
 
 
-def check_lease_timing(environ: Mapping[str, str]) -> None:
-    """With leader election on, refuse to start on durations that break its rules (before kopf
-    starts: a start-up handler's error would only be retried)."""
-    from phalanx.cluster.lease import LEADER_ELECTION_ENV, LeaseTiming
+def check_settings(environ: Mapping[str, str]) -> None:
+    """Refuse to start on settings the operator cannot use (lease durations that break leader
+    election's rules, a bad number, ...), before kopf starts: its start-up handler would only
+    stop the operator once kopf is running."""
+    from phalanx.handlers.settings import Settings
 
-    if environ.get(LEADER_ELECTION_ENV, "0") != "1":
-        return
     try:
-        LeaseTiming.from_environment(environ)
+        Settings.from_environment(environ)
     except ValueError as error:
         raise SystemExit(f"phalanx run: {error}") from None
 
@@ -53,7 +52,7 @@ FORCE_DELETE_OPTION = "--force-delete-on-node-lost"
 def node_options(arguments: list[str]) -> tuple[list[str], dict[str, str]]:
     """Take phalanx's own node options out of the arguments for kopf: the rest, and the environment
     they set (``PHALANX_NODE_LOST_GRACE_SECONDS``, ``PHALANX_FORCE_DELETE_ON_NODE_LOST``)."""
-    from phalanx.handlers.runtime import FORCE_DELETE_ON_NODE_LOST, NODE_LOST_GRACE
+    from phalanx.handlers.settings import FORCE_DELETE_ON_NODE_LOST, NODE_LOST_GRACE
 
     rest: list[str] = []
     settings: dict[str, str] = {}
@@ -85,15 +84,18 @@ def run(kopf_args: list[str]) -> int:
     options) goes to ``kopf run``."""
     from kopf.cli import main as kopf_main
 
-    from phalanx.handlers.runtime import JOB_NETWORK_POLICY, WATCH_NAMESPACES
+    from phalanx.handlers.settings import JOB_NETWORK_POLICY, WATCH_NAMESPACES
 
+    # The flags become the environment the start-up handler reads its settings from.
+    flagged: dict[str, str] = {}
     if JOB_NETWORK_POLICY_FLAG in kopf_args:
-        os.environ[JOB_NETWORK_POLICY] = "1"
+        flagged[JOB_NETWORK_POLICY] = "1"
         kopf_args = [argument for argument in kopf_args if argument != JOB_NETWORK_POLICY_FLAG]
-    check_lease_timing(os.environ)
-    kopf_args, settings = node_options(kopf_args)
-    os.environ.update(settings)
-    os.environ[WATCH_NAMESPACES] = ",".join(watch_scope(kopf_args) or [])
+    kopf_args, node_settings = node_options(kopf_args)
+    flagged.update(node_settings)
+    flagged[WATCH_NAMESPACES] = ",".join(watch_scope(kopf_args) or [])
+    check_settings({**os.environ, **flagged})
+    os.environ.update(flagged)
     kopf_main(["run", "-m", "phalanx.handlers", *kopf_args], standalone_mode=False)
     return 0
 

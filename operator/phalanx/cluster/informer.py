@@ -14,7 +14,7 @@ deletions). kopf offers neither, so the operator lists and watches itself:
   or an expired list continuation leads to a new list;
 - a resource the API server does not serve (404: a gang scheduler's CRD is not installed), or an
   optional one the operator may not list (403), marks the informer ``absent`` and synced, and is
-  looked for again every ``ABSENT_RECHECK_SECONDS``; once a resource has been listed, the same
+  looked for again every ``absent_recheck_seconds``; once a resource has been listed, the same
   answer must last ``ABSENT_CONFIRM_SECONDS`` first: a restarted API server answers 403 and 404
   for a few seconds while its RBAC and CRD handlers sync, and taking that for "nothing exists"
   would, for nodes, make every node look deleted;
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from phalanx.reconcile.observed import child_kind
 logger = logging.getLogger(__name__)
 
 ERROR_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
-ABSENT_RECHECK_SECONDS = float(os.environ.get("PHALANX_ABSENT_API_RECHECK_SECONDS", "60"))
+ABSENT_RECHECK_SECONDS = 60.0  # the default; the operator passes its own (PHALANX_ABSENT_API_RECHECK_SECONDS)
 ABSENT_CONFIRM_SECONDS = 30.0
 LIST_PAGE = "500"
 
@@ -98,6 +97,7 @@ class Informer:
         watch_seconds: int = 300,
         on_change: Callable[[Informer], None] | None = None,
         optional: bool = False,
+        absent_recheck_seconds: float = ABSENT_RECHECK_SECONDS,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -108,6 +108,7 @@ class Informer:
         self.watch_seconds = watch_seconds
         self.on_change = on_change
         self.optional = optional
+        self.absent_recheck_seconds = absent_recheck_seconds
         self.synced = asyncio.Event()
         self.absent = False
         self.absent_reason = ""
@@ -257,13 +258,13 @@ class Informer:
         """An optional resource we cannot list counts as synced and empty; look again later."""
         reason = "not served by the API server" if error.status == 404 else f"not permitted: {error.message}"
         if not self.absent or reason != self.absent_reason:
-            logger.warning("%s is %s; looking again every %.0fs", self, reason, ABSENT_RECHECK_SECONDS)
+            logger.warning("%s is %s; looking again every %.0fs", self, reason, self.absent_recheck_seconds)
         self.absent = True
         self.absent_reason = reason
         self.sink.retain(self.resource.child_kind, self.namespace, set(), "")
         self.synced.set()
         self._changed()
-        await asyncio.sleep(ABSENT_RECHECK_SECONDS)
+        await asyncio.sleep(self.absent_recheck_seconds)
 
 
 def _describe(error: BaseException) -> str:

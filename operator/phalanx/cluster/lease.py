@@ -22,7 +22,6 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -49,11 +48,6 @@ JITTER_FACTOR = 1.2
 # twice the Kubernetes API latency SLO for a single-object mutating call (p99 <= 1 s), and leaves
 # room for the rate difference of two nodes' clocks over a lease (parts per million).
 LEASE_MARGIN_SECONDS = 2.0
-# The settings `phalanx run` reads (the chart sets them from leaderElection.*).
-LEADER_ELECTION_ENV = "PHALANX_LEADER_ELECTION"  # "1": elect a leader
-LEASE_DURATION_ENV = "PHALANX_LEASE_DURATION_SECONDS"
-RENEW_DEADLINE_ENV = "PHALANX_LEASE_RENEW_DEADLINE_SECONDS"
-RETRY_ENV = "PHALANX_LEASE_RETRY_SECONDS"
 
 
 @dataclass(frozen=True)
@@ -76,24 +70,6 @@ class LeaseTiming:
                 f"({self.retry:g} s) + {LEASE_MARGIN_SECONDS:g} s <= lease duration ({self.lease_duration:g} s): "
                 "a standby must not take over while a write of the old leader may still be on its way"
             )
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> LeaseTiming:
-        """The durations ``PHALANX_LEASE_*_SECONDS`` set (the defaults for those unset); ValueError
-        names what is wrong."""
-        default = cls()
-        values = []
-        for name, fallback in (
-            (LEASE_DURATION_ENV, default.lease_duration),
-            (RENEW_DEADLINE_ENV, default.renew_deadline),
-            (RETRY_ENV, default.retry),
-        ):
-            text = environ.get(name) or str(fallback)
-            try:
-                values.append(float(text))
-            except ValueError:
-                raise ValueError(f"{name}={text!r} is not a number of seconds") from None
-        return cls(*values)
 
 
 class LeaderElector:

@@ -20,13 +20,14 @@ from typing import Any
 import kopf
 
 from phalanx import metrics, metrics_endpoint
-from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT, ApiClient, NotLeadingError
-from phalanx.cluster.lease import LEADER_ELECTION_ENV, LeaderElector, LeaseTiming
+from phalanx.cluster.client import ApiClient, NotLeadingError
+from phalanx.cluster.lease import LeaderElector
 from phalanx.cluster.login import Credentials, Login, LoginError
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import trainingjob
-from phalanx.handlers.runtime import Runtime, watched_namespaces
+from phalanx.handlers.runtime import Runtime
+from phalanx.handlers.settings import Settings
 from phalanx.reconcile import naming
 
 logger = logging.getLogger(__name__)
@@ -34,16 +35,25 @@ RESTART_DELAY_SECONDS = 5.0
 EVENT_FLUSH_SECONDS = 5.0  # at shut-down, within the pod's grace period
 
 
-def _setting(name: str, default: int) -> int:
-    """Operator settings come from the environment (the chart sets them), read at start-up."""
-    return int(os.environ.get(name, str(default)))
+def settings_of(memo: kopf.Memo) -> Settings:
+    """The operator's settings, read from the environment (the chart and `phalanx run` set it)
+    once, by whichever of the login and start-up handlers runs first; a setting that cannot be
+    used keeps the operator from starting."""
+    settings: Settings | None = memo.get("settings")
+    if settings is None:
+        try:
+            settings = Settings.from_environment()
+        except ValueError as error:
+            raise kopf.PermanentError(str(error)) from error
+        memo.settings = settings
+    return settings
 
 
 @kopf.on.login(id="phalanx-login")
 def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """One source of credentials for kopf and for our client (see ``cluster.login``); kopf calls
     this again when its own requests get a 401."""
-    source: Login = memo.setdefault("login", Login(context=os.environ.get("PHALANX_KUBE_CONTEXT") or None))
+    source: Login = memo.setdefault("login", Login(context=settings_of(memo).kube_context))
     try:
         credentials = source.load()
     except LoginError as error:
@@ -92,8 +102,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.networking.request_timeout = 60
     settings.networking.connect_timeout = 10
 
+    config = settings_of(memo)
     # kopf authenticates in a task of its own, which may not have run yet
-    source: Login = memo.setdefault("login", Login(context=os.environ.get("PHALANX_KUBE_CONTEXT") or None))
+    source: Login = memo.setdefault("login", Login(context=settings_of(memo).kube_context))
     try:
         credentials: Credentials | None = memo.get("credentials")
         if credentials is None:
@@ -103,11 +114,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     client = ApiClient(
         credentials,
         login=source,
-        max_in_flight=_setting("PHALANX_MAX_IN_FLIGHT", DEFAULT_MAX_IN_FLIGHT),
-        timeout=float(_setting("PHALANX_REQUEST_TIMEOUT_SECONDS", 30)),
+        max_in_flight=config.max_in_flight,
+        timeout=config.request_timeout_seconds,
     )
     runtime: Runtime | None = None
-    elector = leader_elector(client)
+    elector = leader_elector(client, config)
     if elector is not None:
         client.fence = elector.holds_lease  # every write of this replica, not only status
 
@@ -122,16 +133,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             logger.warning("pass over %s/%s stopped: %s", key[0], key[1], error)
             return elector.timing.retry
 
-    runtime = Runtime.start(
-        client,
-        WorkQueue(handle, workers=_setting("PHALANX_RECONCILE_WORKERS", 8)),
-        namespaces=watched_namespaces(),
-        watch_nodes=os.environ.get("PHALANX_WATCH_NODES", "1") != "0",
-        watch_seconds=_setting("PHALANX_WATCH_SECONDS", 300),
-    )
-    runtime.pacer.interval = float(_setting("PHALANX_STATUS_PROGRESS_SECONDS", 5))
+    runtime = Runtime.start(client, WorkQueue(handle, workers=config.reconcile_workers), config)
+    runtime.pacer.interval = config.status_progress_seconds
     runtime.pacer.busy = lambda: runtime is not None and runtime.queue.backlog() > 0
-    interval = _setting("PHALANX_PROGRESS_INTERVAL_SECONDS", 15)
+    interval = config.progress_interval_seconds
     if interval > 0:
         runtime.progress = ProgressPoller(runtime.jobs, runtime.children, runtime.queue.enqueue, interval=interval)
     tasks = [supervised(name, work) for name, work in runtime.background()]
@@ -144,27 +149,23 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo.tasks = tasks
     memo.runtime = runtime
     memo.elector = elector
-    metrics_port = _setting("PHALANX_METRICS_PORT", 8000)
+    metrics_port = config.metrics_port
     if metrics_port:
         # The chart sets both to a mounted TLS Secret's files when metrics.tls is enabled.
-        certfile = os.environ.get("PHALANX_METRICS_TLS_CERT")
-        metrics_endpoint.serve(metrics_port, certfile, os.environ.get("PHALANX_METRICS_TLS_KEY"))
+        certfile = config.metrics_tls_cert
+        metrics_endpoint.serve(metrics_port, certfile, config.metrics_tls_key)
         logger.info("metrics on :%d/metrics over %s", metrics_port, "HTTPS" if certfile else "HTTP")
 
 
-def leader_elector(client: ApiClient) -> LeaderElector | None:
+def leader_elector(client: ApiClient, settings: Settings) -> LeaderElector | None:
     """The Lease to lead by when PHALANX_LEADER_ELECTION is 1 (the chart's two replicas), on a
     client of its own: renewals never queue behind the creates of ``client``."""
-    if os.environ.get(LEADER_ELECTION_ENV, "0") != "1":
+    election = settings.leader_election
+    if election is None:
         return None
-    namespace = os.environ.get("PHALANX_LEASE_NAMESPACE") or _own_namespace()
-    identity = os.environ.get("PHALANX_LEADER_IDENTITY") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-    try:
-        timing = LeaseTiming.from_environment(os.environ)  # `phalanx run` checked it before kopf started
-    except ValueError as error:
-        raise kopf.PermanentError(str(error)) from error
-    name = os.environ.get("PHALANX_LEASE_NAME", "phalanx-operator")
-    return LeaderElector(client.dedicated(), namespace, name, identity, timing)
+    namespace = election.lease_namespace or _own_namespace()
+    identity = election.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    return LeaderElector(client.dedicated(), namespace, election.lease_name, identity, election.timing)
 
 
 def _own_namespace() -> str:

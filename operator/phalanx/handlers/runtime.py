@@ -11,14 +11,11 @@ exported (``phalanx_watch_scope_synced``) and shown by the health probe.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
-from phalanx.api.admission import DNS_1123_SUBDOMAIN, DNS_1123_SUBDOMAIN_MESSAGE
 from phalanx.cluster.apply import Execution, RefusalMemory, StatusPacer
 from phalanx.cluster.cache import (
     ChildCache,
@@ -35,15 +32,9 @@ from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
+from phalanx.handlers.settings import Settings
 from phalanx.reconcile import desired, naming
-from phalanx.reconcile.observed import NODE_LOST_GRACE_SECONDS, JobIsolation, NodeLoss, Observed
-
-WATCH_NAMESPACES = "PHALANX_WATCH_NAMESPACES"
-JOB_NETWORK_POLICY = "PHALANX_JOB_NETWORK_POLICY"
-JOB_NETWORK_POLICY_SCRAPERS = "PHALANX_JOB_NETWORK_POLICY_SCRAPERS"
-NODE_LOST_GRACE = "PHALANX_NODE_LOST_GRACE_SECONDS"
-FORCE_DELETE_ON_NODE_LOST = "PHALANX_FORCE_DELETE_ON_NODE_LOST"
-SPARE_PRIORITY_CLASS = "PHALANX_SPARE_PRIORITY_CLASS"
+from phalanx.reconcile.observed import NodeLoss, Observed
 
 TRAINING_JOBS = Resource(api.API_VERSION, api.PLURAL, api.KIND)
 PODS = Resource("v1", "pods", "Pod")
@@ -62,52 +53,6 @@ RESOURCE_SLICES = Resource(desired.RESOURCE_API, "resourceslices", "ResourceSlic
 DEVICE_CLASSES = Resource(desired.RESOURCE_API, "deviceclasses", "DeviceClass", namespaced=False)
 
 
-def watched_namespaces() -> tuple[str, ...] | None:
-    """The namespaces `phalanx run` was given (None: all), as the CLI hands them over."""
-    value = os.environ.get(WATCH_NAMESPACES, "")
-    names = tuple(name for name in value.split(",") if name)
-    return names or None
-
-
-def job_isolation() -> JobIsolation | None:
-    """Whether each job gets a NetworkPolicy of its own (PHALANX_JOB_NETWORK_POLICY), and who
-    besides its pods may scrape them (PHALANX_JOB_NETWORK_POLICY_SCRAPERS, a JSON list of
-    NetworkPolicyPeers). A setting that cannot be used keeps the operator from starting."""
-    if os.environ.get(JOB_NETWORK_POLICY, "").strip().lower() not in ("1", "true", "yes"):
-        return None
-    try:
-        peers = desired.network_policy_peers(json.loads(os.environ.get(JOB_NETWORK_POLICY_SCRAPERS) or "[]"))
-    except ValueError as error:
-        raise ValueError(f"{JOB_NETWORK_POLICY_SCRAPERS}: {error}") from error
-    return JobIsolation(scrapers=peers)
-
-
-def node_loss_settings() -> tuple[float, bool]:
-    """How long a node may be not Ready before its pods are taken for lost (default 300 s, as
-    Kubernetes' taint-based eviction), and whether their pods are then force-deleted (default no:
-    the container may still run). From the environment, which the chart and `phalanx run` set."""
-    text = os.environ.get(NODE_LOST_GRACE, "") or str(NODE_LOST_GRACE_SECONDS)
-    try:
-        grace = float(text)
-    except ValueError:
-        grace = -1.0
-    if not grace >= 0:  # also refuses NaN
-        raise ValueError(f"{NODE_LOST_GRACE} must be a number of seconds >= 0, not {text!r}")
-    return grace, os.environ.get(FORCE_DELETE_ON_NODE_LOST, "0") == "1"
-
-
-def spare_priority_class() -> str | None:
-    """The PriorityClass warm spares get so that they rank below workers (``desired.spare_pod``):
-    PHALANX_SPARE_PRIORITY_CLASS, which the chart sets to the class it installs; unset or empty:
-    none, spares take the workers' class. A name the API server would refuse keeps the operator
-    from starting (every spare would be refused)."""
-    name = os.environ.get(SPARE_PRIORITY_CLASS, "").strip()
-    if name and (len(name) > 253 or not DNS_1123_SUBDOMAIN.match(name)):
-        why = DNS_1123_SUBDOMAIN_MESSAGE
-        raise ValueError(f"{SPARE_PRIORITY_CLASS} {name[:253]!r} is no PriorityClass name: {why}")
-    return name or None
-
-
 @dataclass
 class Runtime:
     """Client, caches, informers and the work queue of one operator process."""
@@ -123,11 +68,8 @@ class Runtime:
     refusals: RefusalMemory = field(default_factory=RefusalMemory)
     pacer: StatusPacer = field(default_factory=StatusPacer)
     progress: ProgressPoller | None = None  # None when PHALANX_PROGRESS_INTERVAL_SECONDS is 0
-    isolation: JobIsolation | None = None  # each job's NetworkPolicy, when the operator renders them
     informers: list[Informer] = field(default_factory=list)
-    node_lost_grace_seconds: float = NODE_LOST_GRACE_SECONDS
-    force_delete_on_node_lost: bool = False
-    spare_priority_class: str | None = None  # PHALANX_SPARE_PRIORITY_CLASS
+    settings: Settings = field(default_factory=Settings)
     events: EventRecorder = field(init=False)
 
     def __post_init__(self) -> None:
@@ -138,16 +80,11 @@ class Runtime:
         cls,
         client: ApiClient,
         queue: WorkQueue[JobKey],
-        *,
-        namespaces: Sequence[str] | None,
-        watch_nodes: bool,
-        watch_seconds: int = 300,
-        isolation: JobIsolation | None = None,
+        settings: Settings,
     ) -> Runtime:
         """Build the caches and the informers that feed them (not yet running)."""
-        runtime = cls(client=client, queue=queue, isolation=isolation or job_isolation())
-        runtime.node_lost_grace_seconds, runtime.force_delete_on_node_lost = node_loss_settings()
-        runtime.spare_priority_class = spare_priority_class()
+        runtime = cls(client=client, queue=queue, settings=settings)
+        namespaces, watch_nodes, watch_seconds = settings.watch_namespaces, settings.watch_nodes, settings.watch_seconds
         runtime.jobs = JobCache(on_change=runtime._job_changed)
         runtime.children = ChildCache(on_change=runtime._child_changed, on_pod_gone=runtime._pod_gone)
         runtime.nodes = NodeCache(on_change=runtime._node_changed, on_capacity=runtime._capacity_changed)
@@ -156,7 +93,7 @@ class Runtime:
         runtime.devices = DeviceCache(on_capacity=runtime._capacity_changed)
         owned = naming.JOB_NAME_LABEL  # only our children cross the wire
         scopes: Sequence[str | None] = tuple(namespaces) if namespaces else (None,)
-        isolating = ((NETWORK_POLICIES, runtime.children, owned, False),) if runtime.isolation is not None else ()
+        isolating = ((NETWORK_POLICIES, runtime.children, owned, False),) if settings.job_isolation is not None else ()
         for scope in scopes:
             for resource, sink, selector, optional in (
                 (TRAINING_JOBS, runtime.jobs, None, False),
@@ -179,6 +116,7 @@ class Runtime:
                         watch_seconds=watch_seconds,
                         on_change=runtime._informer_changed,
                         optional=optional,
+                        absent_recheck_seconds=settings.absent_api_recheck_seconds,
                     )
                 )
         if watch_nodes:
@@ -198,6 +136,7 @@ class Runtime:
                         watch_seconds=watch_seconds,
                         on_change=runtime._informer_changed,
                         optional=True,
+                        absent_recheck_seconds=settings.absent_api_recheck_seconds,
                     )
                 )
         return runtime
@@ -332,15 +271,15 @@ class Runtime:
         node_loss = NodeLoss(
             unready_since=self.nodes.unready_since(),
             deleted=self.nodes.deleted(),
-            grace_seconds=self.node_lost_grace_seconds,
-            force_delete=self.force_delete_on_node_lost,
+            grace_seconds=self.settings.node_lost_grace_seconds,
+            force_delete=self.settings.force_delete_on_node_lost,
         )
         return replace(
             observed,
             node_loss=node_loss,
             retry_batch=self.refusals.batch(job.metadata.uid),
-            isolation=self.isolation,
-            spare_priority_class=self.spare_priority_class,
+            isolation=self.settings.job_isolation,
+            spare_priority_class=self.settings.spare_priority_class,
         )
 
     def execution(self) -> Execution:
