@@ -104,7 +104,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
     config = settings_of(memo)
     # kopf authenticates in a task of its own, which may not have run yet
-    source: Login = memo.setdefault("login", Login(context=settings_of(memo).kube_context))
+    source: Login = memo.setdefault("login", Login(context=config.kube_context))
     try:
         credentials: Credentials | None = memo.get("credentials")
         if credentials is None:

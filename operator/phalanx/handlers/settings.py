@@ -2,8 +2,8 @@
 
 The chart (and ``phalanx run``'s flags) set environment variables; ``Settings.from_environment``
 parses and checks every one of them, naming the variable in its error, and the start-up handler
-hands the value to the client, the runtime, the informers and the leader election. Nothing else
-in the operator reads the environment. docs/settings.md lists every variable.
+hands the value to the client, the runtime, the informers and the leader election: no other
+module of the operator reads a setting of its own. docs/settings.md lists every variable.
 """
 
 from __future__ import annotations
