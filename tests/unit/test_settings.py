@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+from typing import Any, cast
 
 import pytest
 
 from phalanx.cli.run import check_settings
 from phalanx.cluster.lease import LeaseTiming
+from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import settings as settings_module
+from phalanx.handlers.runtime import Runtime
 from phalanx.handlers.settings import VARIABLES, LeaderElection, Settings
 from phalanx.reconcile.observed import JobIsolation
 
@@ -155,3 +158,13 @@ def test_every_variable_the_chart_sets_is_a_setting_and_every_setting_is_documen
     assert chart and chart <= set(VARIABLES), chart - set(VARIABLES)
     documented = set(re.findall(r"^\| `(PHALANX_[A-Z_]+)`", DOCS.read_text(), flags=re.MULTILINE))
     assert documented == set(VARIABLES)
+
+
+def test_the_runtime_hands_its_settings_to_every_informer() -> None:
+    async def handle(key: tuple[str, str]) -> None:
+        return None
+
+    settings = Settings(watch_namespaces=("ml",), watch_seconds=60, absent_api_recheck_seconds=2.0)
+    runtime = Runtime.start(cast(Any, object()), WorkQueue(handle), settings)
+    assert runtime.settings is settings and runtime.scopes() == ["ml"]
+    assert {(informer.watch_seconds, informer.absent_recheck_seconds) for informer in runtime.informers} == {(60, 2.0)}
