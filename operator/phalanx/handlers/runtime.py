@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
 from phalanx.api.admission import DNS_1123_SUBDOMAIN, DNS_1123_SUBDOMAIN_MESSAGE
-from phalanx.cluster.apply import Execution, RefusalMemory, StatusPacer
+from phalanx.cluster.apply import Execution
 from phalanx.cluster.cache import (
     ChildCache,
     DeviceCache,
@@ -34,6 +34,8 @@ from phalanx.cluster.client import ApiClient
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource
 from phalanx.cluster.progress import ProgressPoller
+from phalanx.cluster.refusals import RefusalMemory
+from phalanx.cluster.status_pacing import StatusPacer
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.reconcile import desired, naming
 from phalanx.reconcile.observed import NODE_LOST_GRACE_SECONDS, JobIsolation, NodeLoss, Observed
