@@ -10,11 +10,10 @@ exported (``phalanx_watch_scope_synced``) and shown by the health probe.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
@@ -28,17 +27,17 @@ from phalanx.cluster.cache import (
     NodeCache,
     NodeRequests,
     WorkloadCache,
-    with_devices,
 )
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource
+from phalanx.cluster.observe import observe_job
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.refusals import RefusalMemory
 from phalanx.cluster.status_pacing import StatusPacer
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.reconcile import desired, naming
-from phalanx.reconcile.observed import NODE_LOST_GRACE_SECONDS, JobIsolation, NodeLoss, Observed
+from phalanx.reconcile.observed import NODE_LOST_GRACE_SECONDS, JobIsolation, Observed
 
 WATCH_NAMESPACES = "PHALANX_WATCH_NAMESPACES"
 JOB_NETWORK_POLICY = "PHALANX_JOB_NETWORK_POLICY"
@@ -302,46 +301,20 @@ class Runtime:
             and informer.namespace in (None, namespace)
         }
 
-    def capacity(self) -> str:
-        """The fingerprint of what schedulable nodes offer, their DRA devices included."""
-        nodes, devices = self.nodes.capacity(), self.devices.fingerprint()
-        if not (nodes and devices):
-            return nodes  # "": no node known, nothing to judge
-        return hashlib.sha256(f"{nodes}/{devices}".encode()).hexdigest()[:16]
-
     def observe(self, job: api.TrainingJob) -> Observed:
-        key = (job.metadata.namespace, job.metadata.name)
-        observed = self.children.observed(
-            job.metadata.namespace,
-            job.metadata.name,
-            job.metadata.uid,
-            self.nodes.unready(),
-            progress=self.progress.get(key) if self.progress is not None else None,
-            completion=self.progress.completion(key) if self.progress is not None else None,
-            reported=self.progress.reported(key) if self.progress is not None else None,
-            refusals=self.refusals.of(job.metadata.uid),
+        return observe_job(
+            job,
+            self.children,
+            nodes=self.nodes,
+            devices=self.devices,
+            requests=self.requests,
+            workloads=self.workloads,
+            progress=self.progress,
+            refusals=self.refusals,
             missing_apis=self.missing_apis(job.metadata.namespace),
-            node_capacity=self.capacity(),
-            node_allocatable=with_devices(self.nodes.allocatable(), self.devices.per_node()),
-            node_labels=self.nodes.labels(),
-            node_requested=self.requests,
-            workload=self.workloads.get(
-                job.metadata.namespace, naming.kueue_group_name(job.metadata.name, job.status.attempt)
-            )
-            if job.spec.gang.scheduler == "kueue"
-            else None,
-        )
-        node_loss = NodeLoss(
-            unready_since=self.nodes.unready_since(),
-            deleted=self.nodes.deleted(),
-            grace_seconds=self.node_lost_grace_seconds,
-            force_delete=self.force_delete_on_node_lost,
-        )
-        return replace(
-            observed,
-            node_loss=node_loss,
-            retry_batch=self.refusals.batch(job.metadata.uid),
             isolation=self.isolation,
+            node_lost_grace_seconds=self.node_lost_grace_seconds,
+            force_delete_on_node_lost=self.force_delete_on_node_lost,
             spare_priority_class=self.spare_priority_class,
         )
 
