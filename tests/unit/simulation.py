@@ -17,7 +17,8 @@ from decimal import Decimal
 from typing import Any
 
 from phalanx.api.v1alpha1 import TrainingJob
-from phalanx.cluster.cache import NodeCache, with_devices
+from phalanx.cluster.cache import NodeCache
+from phalanx.cluster.observe import with_devices
 from phalanx.reconcile import capacity, naming
 from phalanx.reconcile.observed import (
     Completion,

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from phalanx.cli.plan import summary
-from phalanx.cluster.cache import DeviceCache, with_devices
+from phalanx.cluster.cache import DeviceCache
+from phalanx.cluster.observe import with_devices
 from phalanx.reconcile import capacity, desired, naming
 from phalanx.reconcile.environment import resolve_launch
 from phalanx.reconcile.errors import PlanningError

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from phalanx.cluster.apply import passing_refusal, refusal_message
 from phalanx.cluster.client import ApiError
+from phalanx.cluster.refusals import passing_refusal, refusal_message
 
 # kube-apiserver's plugin/pkg/admission/gc: admission.NewForbidden(attributes, fmt.Errorf(...))
 BLOCK_OWNER_DELETION = (

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phalanx.cluster.apply import RefusalMemory
+from phalanx.cluster.refusals import RefusalMemory
 from phalanx.reconcile import desired, naming
 from phalanx.reconcile.creation import REFUSAL_RETRY_SECONDS, refusal_retry_at
 from phalanx.reconcile.environment import resolve_launch

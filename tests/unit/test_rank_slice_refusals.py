@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from phalanx.cluster.apply import RANK_ADDRESSES_REFUSED, Execution, RefusalMemory, execute, passing_refusal
+from phalanx.cluster.apply import Execution, execute
 from phalanx.cluster.cache import ChildCache, JobCache
 from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.login import Credentials
+from phalanx.cluster.refusals import RANK_ADDRESSES_REFUSED, RefusalMemory, passing_refusal
 from phalanx.reconcile.actions import Deletion
 from phalanx.reconcile.plan import Plan
 from tests.unit.local_server import serving

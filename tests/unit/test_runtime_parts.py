@@ -13,9 +13,11 @@ from typing import Any, cast
 import pytest
 
 from phalanx import cli
+from phalanx.api.v1alpha1 import TrainingJob
 from phalanx.cli.run import node_options, watch_scope
 from phalanx.cluster.cache import ChildCache, JobCache, NodeCache, NodeRequests, RecentlyDeleted, WorkloadCache
 from phalanx.cluster.client import resource_path
+from phalanx.cluster.observe import observe_job
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers.runtime import Runtime
 from phalanx.handlers.settings import Settings
@@ -75,6 +77,13 @@ async def test_queue_requeues_after_the_delay_a_pass_asks_for_and_retries_errors
 
 
 JOB_UID = "uid-demo"
+
+
+def demo_job() -> TrainingJob:
+    """The job demo in ml, with the UID the children here name as their controller."""
+    body = jobs.manifest()
+    body["metadata"]["uid"] = JOB_UID
+    return jobs.job(body)
 
 
 def pod(
@@ -181,7 +190,7 @@ def test_children_belong_to_the_job_uid_that_controls_them_not_to_its_name() -> 
     assert pods_of(cache) == {"demo-worker-1": "Running"}
     assert pods_of(cache, "uid-old-demo") == {"demo-worker-0": "Running"}
     assert cache.foreign("ml", "demo", JOB_UID) == {("Pod", "demo-worker-0"), ("Pod", "demo-worker-2")}
-    observed = cache.observed("ml", "demo", JOB_UID, frozenset())
+    observed = observe_job(demo_job(), cache)
     assert [record.name for record in observed.pods] == ["demo-worker-1"]
     assert observed.foreign == {("Pod", "demo-worker-0"), ("Pod", "demo-worker-2")}
 
@@ -243,7 +252,7 @@ def test_a_pod_in_another_namespace_naming_a_jobs_uid_is_not_the_jobs() -> None:
     cache.observe("ADDED", impostor)
     assert pods_of(cache) == {"demo-worker-0": "Running"}
     assert [record.node_name for record in cache.pods_of("ml", JOB_UID)] == ["n1"]
-    assert [record.name for record in cache.observed("ml", "demo", JOB_UID, frozenset()).pods] == ["demo-worker-0"]
+    assert [record.name for record in observe_job(demo_job(), cache).pods] == ["demo-worker-0"]
     cache.observe("DELETED", impostor)
     assert pods_of(cache) == {"demo-worker-0": "Running"}
     cache.retain("Pod", "mallory", set(), "20")  # the impostor's namespace listed empty

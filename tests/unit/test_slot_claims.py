@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from phalanx.cluster.apply import Execution, RefusalMemory, StaleStatusError, StatusPacer, execute
+from phalanx.cluster.apply import Execution, StaleStatusError, execute
 from phalanx.cluster.cache import ChildCache, JobCache
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.login import Credentials
+from phalanx.cluster.refusals import RefusalMemory
+from phalanx.cluster.status_pacing import StatusPacer
 from phalanx.reconcile import naming
 from phalanx.reconcile.actions import Move
 from phalanx.reconcile.plan import Plan

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from phalanx.cluster.apply import StatusPacer
+from phalanx.cluster.status_pacing import StatusPacer
 from phalanx.reconcile.plan import progress_only
 from tests.unit.jobs import job
 from tests.unit.simulation import World

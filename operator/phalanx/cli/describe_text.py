@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import pydantic
@@ -19,12 +19,11 @@ from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming
 from phalanx.reconcile.goodput import STATES, effective_training_ratio, seconds_by_state
 from phalanx.reconcile.observed import pod_record
-from phalanx.reconcile.status import human_duration, parse_time
+from phalanx.reconcile.status import EARLIEST, human_duration, parse_time
 
 NONE = "<none>"
 MAX_EVENTS = 40  # the newest are shown; older ones are counted
 FIELD_WIDTH = 20  # "Restarts By Reason:" and the values after it line up
-EARLIEST = datetime.min.replace(tzinfo=UTC)  # where an Event without any time sorts
 
 
 def age(timestamp: str | None, now: datetime) -> str:

@@ -37,14 +37,9 @@ from phalanx.reconcile.observed import (
     POD_ANNOTATIONS,
     POD_LABELS,
     ChildKey,
-    Completion,
     ObjectRecord,
-    Observed,
     PodRecord,
     QueuedWorkload,
-    Refusal,
-    ReportedProgress,
-    WorkerProgress,
     child_kind,
     object_record,
     pod_record,
@@ -443,45 +438,6 @@ class ChildCache(ListedSink):
     def pods_of(self, namespace: str, job_uid: str) -> tuple[PodRecord, ...]:
         return tuple(sorted(self._pods.get((namespace, job_uid), {}).values(), key=lambda pod: pod.name))
 
-    def observed(
-        self,
-        namespace: str,
-        job_name: str,
-        job_uid: str,
-        unready_nodes: frozenset[str],
-        *,
-        progress: WorkerProgress | None = None,
-        completion: Completion | None = None,
-        reported: ReportedProgress | None = None,
-        refusals: Mapping[ChildKey, Refusal] | None = None,
-        missing_apis: Mapping[str, str] | None = None,
-        node_capacity: str = "",
-        node_allocatable: Mapping[str, Mapping[str, Decimal]] | None = None,
-        node_labels: Mapping[str, Mapping[str, str]] | None = None,
-        node_requested: NodeRequests | None = None,
-        workload: QueuedWorkload | None = None,
-    ) -> Observed:
-        pods = self.pods_of(namespace, job_uid)
-        requested = node_requested.requested() if node_requested is not None else {}
-        own = node_requested.held_by((namespace, pod.name) for pod in pods) if node_requested is not None else {}
-        return Observed(
-            pods=pods,
-            objects=self.objects_of(namespace, job_uid),
-            unready_nodes=unready_nodes,
-            progress=progress,
-            completion=completion,
-            reported=reported,
-            foreign=self.foreign(namespace, job_name, job_uid),
-            refusals=dict(refusals or {}),
-            missing_apis=dict(missing_apis or {}),
-            node_capacity=node_capacity,
-            node_allocatable=node_allocatable or {},
-            node_labels=node_labels or {},
-            node_requested=requested,
-            own_requested=own,
-            workload=workload,
-        )
-
     def pod_count(self) -> int:
         return len([ident for ident in self._entries if ident[0] == "Pod"])
 
@@ -856,16 +812,6 @@ class DeviceCache(ListedSink):
             listing = json.dumps(offers, default=str, separators=(",", ":"))
             self._fingerprint = hashlib.sha256(listing.encode()).hexdigest()[:16] if offers else ""
         return self._fingerprint
-
-
-def with_devices(
-    allocatable: Mapping[str, Mapping[str, Decimal]], devices: Mapping[str, Mapping[str, Decimal]]
-) -> Mapping[str, Mapping[str, Decimal]]:
-    """Each schedulable node's allocatable with its DRA devices per class beside it (nodes that are
-    not schedulable offer no devices either)."""
-    if not devices:
-        return allocatable
-    return {name: {**offer, **devices.get(name, {})} for name, offer in allocatable.items()}
 
 
 class WorkloadCache(ListedSink):

@@ -10,13 +10,12 @@ exported (``phalanx_watch_scope_synced``) and shown by the health probe.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from phalanx import metrics
 from phalanx.api import v1alpha1 as api
-from phalanx.cluster.apply import Execution, RefusalMemory, StatusPacer
+from phalanx.cluster.apply import Execution
 from phalanx.cluster.cache import (
     ChildCache,
     DeviceCache,
@@ -25,16 +24,18 @@ from phalanx.cluster.cache import (
     NodeCache,
     NodeRequests,
     WorkloadCache,
-    with_devices,
 )
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource
+from phalanx.cluster.observe import observe_job
 from phalanx.cluster.progress import ProgressPoller
+from phalanx.cluster.refusals import RefusalMemory
+from phalanx.cluster.status_pacing import StatusPacer
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers.settings import Settings
 from phalanx.reconcile import desired, naming
-from phalanx.reconcile.observed import NodeLoss, Observed
+from phalanx.reconcile.observed import Observed
 
 TRAINING_JOBS = Resource(api.API_VERSION, api.PLURAL, api.KIND)
 PODS = Resource("v1", "pods", "Pod")
@@ -239,46 +240,20 @@ class Runtime:
             and informer.namespace in (None, namespace)
         }
 
-    def capacity(self) -> str:
-        """The fingerprint of what schedulable nodes offer, their DRA devices included."""
-        nodes, devices = self.nodes.capacity(), self.devices.fingerprint()
-        if not (nodes and devices):
-            return nodes  # "": no node known, nothing to judge
-        return hashlib.sha256(f"{nodes}/{devices}".encode()).hexdigest()[:16]
-
     def observe(self, job: api.TrainingJob) -> Observed:
-        key = (job.metadata.namespace, job.metadata.name)
-        observed = self.children.observed(
-            job.metadata.namespace,
-            job.metadata.name,
-            job.metadata.uid,
-            self.nodes.unready(),
-            progress=self.progress.get(key) if self.progress is not None else None,
-            completion=self.progress.completion(key) if self.progress is not None else None,
-            reported=self.progress.reported(key) if self.progress is not None else None,
-            refusals=self.refusals.of(job.metadata.uid),
+        return observe_job(
+            job,
+            self.children,
+            nodes=self.nodes,
+            devices=self.devices,
+            requests=self.requests,
+            workloads=self.workloads,
+            progress=self.progress,
+            refusals=self.refusals,
             missing_apis=self.missing_apis(job.metadata.namespace),
-            node_capacity=self.capacity(),
-            node_allocatable=with_devices(self.nodes.allocatable(), self.devices.per_node()),
-            node_labels=self.nodes.labels(),
-            node_requested=self.requests,
-            workload=self.workloads.get(
-                job.metadata.namespace, naming.kueue_group_name(job.metadata.name, job.status.attempt)
-            )
-            if job.spec.gang.scheduler == "kueue"
-            else None,
-        )
-        node_loss = NodeLoss(
-            unready_since=self.nodes.unready_since(),
-            deleted=self.nodes.deleted(),
-            grace_seconds=self.settings.node_lost_grace_seconds,
-            force_delete=self.settings.force_delete_on_node_lost,
-        )
-        return replace(
-            observed,
-            node_loss=node_loss,
-            retry_batch=self.refusals.batch(job.metadata.uid),
             isolation=self.settings.job_isolation,
+            node_lost_grace_seconds=self.settings.node_lost_grace_seconds,
+            force_delete_on_node_lost=self.settings.force_delete_on_node_lost,
             spare_priority_class=self.settings.spare_priority_class,
         )
 

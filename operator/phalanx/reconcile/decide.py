@@ -323,13 +323,9 @@ def node_capacity_stamp(context: Context) -> tuple[str | None, Actions]:
     if not waiting or not capacity_now:
         return stamped, NOTHING
     # "<fingerprint>@<time>": a new stamp at most every NODE_CAPACITY_STAMP_SECONDS per job
-    fingerprint, _, stamped_at = (stamped or "").partition("@")
-    if fingerprint == capacity_now:
+    if (stamped or "").partition("@")[0] == capacity_now:
         return stamped, NOTHING
-    try:
-        last = parse_time(stamped_at)
-    except ValueError:
-        last = None
+    last = record.node_capacity_at if record is not None else None
     due = last + timedelta(seconds=NODE_CAPACITY_STAMP_SECONDS) if last is not None else now
     if due > now:
         return stamped, requeue((due - now).total_seconds())

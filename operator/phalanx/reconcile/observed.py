@@ -21,6 +21,7 @@ from decimal import Decimal
 from typing import Any
 
 from phalanx.reconcile import naming
+from phalanx.reconcile.status import parse_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,7 @@ class PodRecord:
     node_name: str | None = None
     pod_ip: str | None = None
     deleting: bool = False
-    created: str | None = None
+    created: datetime | None = None
     exit_code: int | None = None
     terminated_reason: str | None = None
     termination_message: str | None = None
@@ -86,7 +87,9 @@ class ObjectRecord:
     phase: str | None = None
     uid: str = ""
     node_capacity: str | None = None
-    """A PodGroup's ``phalanx.dev/node-capacity`` annotation."""
+    """A PodGroup's ``phalanx.dev/node-capacity`` annotation: ``<fingerprint>@<time>``."""
+    node_capacity_at: datetime | None = None
+    """The time in ``node_capacity`` (None when it has none or one that does not parse)."""
 
 
 @dataclass(frozen=True)
@@ -382,6 +385,13 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
+def _time_or_none(value: Any) -> datetime | None:
+    try:
+        return parse_time(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
 def _condition(conditions: Iterable[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
     return next((c for c in conditions if c.get("type") == kind), None)
 
@@ -448,7 +458,7 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         node_name=shared((pod.get("spec") or {}).get("nodeName")),
         pod_ip=status.get("podIP"),
         deleting=metadata.get("deletionTimestamp") is not None,
-        created=metadata.get("creationTimestamp"),
+        created=_time_or_none(metadata.get("creationTimestamp")),
         exit_code=_int_or_none(terminated.get("exitCode")),
         terminated_reason=shared(terminated.get("reason")),
         termination_message=terminated.get("message"),
@@ -469,13 +479,15 @@ def object_record(obj: Mapping[str, Any]) -> ObjectRecord:
     """Project a Service or PodGroup onto an ObjectRecord."""
     metadata = obj.get("metadata", {})
     annotations = _checked(metadata.get("annotations"), OBJECT_ANNOTATIONS, [])
+    node_capacity = annotations.get(naming.NODE_CAPACITY_ANNOTATION)
     return ObjectRecord(
         kind=obj.get("kind", ""),
         name=metadata.get("name", ""),
         spec_hash=annotations.get(naming.SPEC_HASH_ANNOTATION),
         phase=(obj.get("status") or {}).get("phase"),
         uid=metadata.get("uid", ""),
-        node_capacity=annotations.get(naming.NODE_CAPACITY_ANNOTATION),
+        node_capacity=node_capacity,
+        node_capacity_at=_time_or_none((node_capacity or "").partition("@")[2]),
     )
 
 

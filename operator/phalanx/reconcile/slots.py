@@ -40,6 +40,7 @@ from phalanx.reconcile import naming
 from phalanx.reconcile.actions import NOTHING, Actions, Move, event
 from phalanx.reconcile.decision import Context, Memory, SlotClaim
 from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.status import EARLIEST
 
 DUPLICATE_WORKER = "DuplicateWorker"
 
@@ -105,7 +106,7 @@ def one_pod_per_slot(context: Context, current: Sequence[PodRecord]) -> tuple[li
     actions = NOTHING
     extra: set[str] = set()
     for index, pods in sorted(holders.items()):
-        kept, *others = sorted(pods, key=lambda pod: (pod.node_name is None, pod.created or "", pod.name))
+        kept, *others = sorted(pods, key=lambda pod: (pod.node_name is None, pod.created or EARLIEST, pod.name))
         for other in others:
             extra.add(other.name)
             why = "waiting for a node" if other.node_name is None and kept.node_name is not None else "the newer"

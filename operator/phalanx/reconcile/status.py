@@ -21,6 +21,10 @@ TERMINAL = ("Succeeded", "Failed")
 TRAINING = ("Running", "Rescaling")
 
 
+EARLIEST = datetime.min.replace(tzinfo=UTC)
+"""Before every timestamp: where something without a time sorts."""
+
+
 def format_time(moment: datetime) -> str:
     """RFC 3339 in UTC with second precision, as metav1.Time serialises."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

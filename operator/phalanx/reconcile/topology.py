@@ -34,7 +34,6 @@ from phalanx.reconcile.decision import Context, Memory
 from phalanx.reconcile.desired import Object
 from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.observed import PodRecord, child_kind
-from phalanx.reconcile.status import parse_time
 
 OPERATOR_PLACED = ("none", "scheduler-plugins")
 """Gang schedulers under which the operator chooses the domain itself."""
@@ -216,7 +215,7 @@ def waited_out(context: Context, current: list[PodRecord], domain: str) -> bool:
     created ``PATIENCE_SECONDS`` ago or more."""
     if not found_no_room(current, domain):
         return False
-    created = [parse_time(pod.created) for pod in current if pod.active]
+    created = [pod.created for pod in current if pod.active]
     first = min((moment for moment in created if moment is not None), default=None)
     return first is not None and (context.now - first).total_seconds() >= PATIENCE_SECONDS
 
