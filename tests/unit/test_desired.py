@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 import pytest
@@ -14,6 +15,25 @@ from phalanx.reconcile.observed import JobIsolation
 from phalanx.reconcile.plan import plan
 from tests.unit.jobs import job
 from tests.unit.simulation import World
+
+STORE_SCRIPT_SHA256 = "4c966fe92b11891b57428cc30636ba33073c93def10aa8cc509933236c71d3e0"
+"""The store script as the operator ran it while it was a string in desired.py (f4c6f94): a store
+pod of a running job must see no change of spec hash when the operator is upgraded."""
+
+
+def test_the_store_script_is_byte_for_byte_what_it_was_as_a_string() -> None:
+    assert hashlib.sha256(desired.STORE_SCRIPT.encode()).hexdigest() == STORE_SCRIPT_SHA256
+    parsed = job()
+    store = desired.rendezvous_store_pod(parsed, resolve_launch(parsed.spec))
+    assert store["spec"]["containers"][0]["command"] == ["python3", "-c", desired.STORE_SCRIPT]
+
+
+def test_the_store_script_is_read_from_its_own_file() -> None:
+    from importlib import resources
+
+    source = resources.files("phalanx.reconcile.desired").joinpath(desired.STORE_SERVER).read_text(encoding="utf-8")
+    assert desired.STORE_SCRIPT.endswith(source)
+    assert desired.STORE_SCRIPT.count("\n") == source.count("\n") + 1  # one line of limits before it
 
 
 def test_children_carry_owner_reference_and_only_our_labels() -> None:
