@@ -10,9 +10,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming
 from phalanx.reconcile.desired.objects import Object, child_metadata, template_spec, with_spec_hash
 from phalanx.reconcile.desired.pods import worker_requests
-from phalanx.reconcile.environment import (
-    Launch,
-)
+from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.quantity import format_quantity
 
 COSCHEDULING_API = "scheduling.x-k8s.io/v1alpha1"

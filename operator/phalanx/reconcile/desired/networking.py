@@ -14,10 +14,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming
 from phalanx.reconcile.desired.objects import Object, child_metadata, with_spec_hash
 from phalanx.reconcile.desired.pods import ranks_follow_placement, worker_metrics_port, worker_pod
-from phalanx.reconcile.environment import (
-    WORKER_METRICS_PORT,
-    Launch,
-)
+from phalanx.reconcile.environment import WORKER_METRICS_PORT, Launch
 from phalanx.reconcile.observed import JobIsolation
 
 NETWORK_POLICY_API = "networking.k8s.io/v1"

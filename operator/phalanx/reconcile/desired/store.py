@@ -11,10 +11,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming
 from phalanx.reconcile.desired.objects import Object, child_metadata, template_spec, with_spec_hash
 from phalanx.reconcile.desired.pods import JOB_UID_ENV, keep_off
-from phalanx.reconcile.environment import (
-    WORKER_METRICS_PORT,
-    Launch,
-)
+from phalanx.reconcile.environment import WORKER_METRICS_PORT, Launch
 
 STORE_CONTAINER = "store"
 
