@@ -33,9 +33,10 @@ from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import trainingjob
 from phalanx.handlers.lifecycle import supervised
-from phalanx.handlers.runtime import PODS, Runtime
+from phalanx.handlers.runtime import Runtime, child_resource
 from phalanx.handlers.settings import Settings
 from phalanx.reconcile import naming
+from phalanx.reconcile.child_kinds import POD
 from tests.integration.scenario import TRAINER
 from tests.unit.jobs import manifest
 
@@ -359,7 +360,9 @@ async def test_a_list_holds_about_one_page_of_bodies_at_a_time(
 
         monkeypatch.setattr(informer, "LIST_PAGE", str(LIST_PAGE))
         cache = ChildCache()
-        pods = informer.Informer(client, PODS, cache, namespace=namespace, label_selector=naming.JOB_NAME_LABEL)
+        pods = informer.Informer(
+            client, child_resource(POD), cache, namespace=namespace, label_selector=naming.JOB_NAME_LABEL
+        )
         gc.collect()
         tracemalloc.start()
         try:

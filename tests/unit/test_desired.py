@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import replace
 
 import pytest
@@ -14,6 +15,25 @@ from phalanx.reconcile.observed import JobIsolation
 from phalanx.reconcile.plan import plan
 from tests.unit.jobs import job
 from tests.unit.simulation import World
+
+STORE_SCRIPT_SHA256 = "4c966fe92b11891b57428cc30636ba33073c93def10aa8cc509933236c71d3e0"
+"""The store script as the operator ran it while it was a string in desired.py (f4c6f94): a store
+pod of a running job must see no change of spec hash when the operator is upgraded."""
+
+
+def test_the_store_script_is_byte_for_byte_what_it_was_as_a_string() -> None:
+    assert hashlib.sha256(desired.STORE_SCRIPT.encode()).hexdigest() == STORE_SCRIPT_SHA256
+    parsed = job()
+    store = desired.rendezvous_store_pod(parsed, resolve_launch(parsed.spec))
+    assert store["spec"]["containers"][0]["command"] == ["python3", "-c", desired.STORE_SCRIPT]
+
+
+def test_the_store_script_is_read_from_its_own_file() -> None:
+    from importlib import resources
+
+    source = resources.files("phalanx.reconcile.desired").joinpath(desired.STORE_SERVER).read_text(encoding="utf-8")
+    assert desired.STORE_SCRIPT.endswith(source)
+    assert desired.STORE_SCRIPT.count("\n") == source.count("\n") + 1  # one line of limits before it
 
 
 def test_children_carry_owner_reference_and_only_our_labels() -> None:
@@ -282,3 +302,32 @@ def test_the_example_network_policy_is_what_the_operator_renders() -> None:
     example = yaml.safe_load((EXAMPLES / "network-policy" / "cpu-gloo.yaml").read_text())
     del rendered["metadata"]["ownerReferences"], rendered["metadata"]["annotations"]
     assert example == rendered
+
+
+# -- the one builder of a job's children (issue 33) ------------------------------------------------
+
+
+def test_job_children_are_what_each_builder_renders() -> None:
+    parsed = job(gang={"scheduler": "scheduler-plugins"}, launcher="static")
+    launch = resolve_launch(parsed.spec)
+    isolation = JobIsolation(scrapers=(OPERATOR_PEER,))
+    children = desired.job_children(parsed, launch, avoid=("node-a",), node_capacity="abc@1", isolation=isolation)
+    assert children.store == desired.rendezvous_store_pod(parsed, launch, avoid=("node-a",))
+    assert children.pod_group == desired.pod_group(parsed, launch, "abc@1")
+    assert children.services == (desired.rendezvous_service(parsed), desired.workers_service(parsed))
+    assert children.network_policy == desired.job_network_policy(parsed, launch, isolation)
+    assert children.device_claim_template is None and children.ranks_service is None
+    assert children.workers(attempt=2) == [
+        desired.worker_pod(parsed, launch, index=index, attempt=2) for index in range(parsed.spec.workers.desired)
+    ]
+
+
+def test_the_network_policy_is_rendered_only_when_asked_for() -> None:
+    """With scrapers it renders a worker: a spec whose workers cannot be planned raises there, not
+    in a pass that ends before it wants the NetworkPolicy (suspension, a failure)."""
+    parsed = job(template={"spec": {"containers": [{"name": "trainer", "image": "t:1", "env": [
+        {"name": "PHALANX_WORKER_METRICS_PORT", "value": "none"}]}]}})  # fmt: skip
+    launch = resolve_launch(parsed.spec)
+    children = desired.job_children(parsed, launch, isolation=JobIsolation(scrapers=(OPERATOR_PEER,)))
+    with pytest.raises(PlanningError, match="PHALANX_WORKER_METRICS_PORT"):
+        _ = children.network_policy

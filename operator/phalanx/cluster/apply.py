@@ -44,6 +44,7 @@ from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.refusals import RANK_ADDRESSES_REFUSED, RefusalMemory, passing_refusal, refusal_message
 from phalanx.cluster.status_pacing import STARTING_PHASES, StatusPacer
+from phalanx.reconcile import child_kinds
 from phalanx.reconcile.actions import Address, Deletion, Move
 from phalanx.reconcile.observed import child_kind
 from phalanx.reconcile.plan import Plan, progress_only, status_changed
@@ -204,12 +205,13 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
         elif obj["kind"] != "Pod" or ident[1] not in pods:
             await _create(run, job, obj, now)
 
-    # The gang's PodGroup before any pod (a scheduler that sees a pod first may place it alone);
-    # then the Service, the store and the workers together.
-    groups = [obj for obj in plan.apply if obj["kind"] == "PodGroup"]
-    for obj in groups:
-        await put(obj)
-    await asyncio.gather(*(put(obj) for obj in plan.apply if obj["kind"] != "PodGroup"))
+    # Stage by stage (child_kinds: the gang's PodGroup before any pod, since a scheduler that sees
+    # a pod first may place it alone), each stage's objects at once.
+    stages = sorted({child_kinds.write_stage(obj["apiVersion"], obj["kind"]) for obj in plan.apply})
+    for stage in stages:
+        await asyncio.gather(
+            *(put(obj) for obj in plan.apply if child_kinds.write_stage(obj["apiVersion"], obj["kind"]) == stage)
+        )
 
     async def move(pod: Move) -> None:
         response = await run.client.move_pod(

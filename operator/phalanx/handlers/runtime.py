@@ -27,31 +27,29 @@ from phalanx.cluster.cache import (
 )
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.events import EventRecorder
-from phalanx.cluster.informer import Informer, Resource
+from phalanx.cluster.informer import Informer, Resource, Sink
 from phalanx.cluster.observe import observe_job
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.refusals import RefusalMemory
 from phalanx.cluster.status_pacing import StatusPacer
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers.settings import Settings
-from phalanx.reconcile import desired, naming
+from phalanx.reconcile import child_kinds, desired, naming
+from phalanx.reconcile.child_kinds import ChildKind
 from phalanx.reconcile.observed import Observed
 
 TRAINING_JOBS = Resource(api.API_VERSION, api.PLURAL, api.KIND)
-PODS = Resource("v1", "pods", "Pod")
-SERVICES = Resource("v1", "services", "Service")
-COSCHEDULING_POD_GROUPS = Resource("scheduling.x-k8s.io/v1alpha1", "podgroups", "PodGroup")
-VOLCANO_POD_GROUPS = Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup")
 NODES = Resource("v1", "nodes", "Node", namespaced=False)
 # every namespace's pods as one cluster-wide view (what they request of their nodes), not a scope of jobs
 BOUND_PODS = Resource("v1", "pods", "Pod", namespaced=False)
 BOUND_PODS_SELECTOR = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
-KUEUE_WORKLOADS = Resource("kueue.x-k8s.io/v1beta2", "workloads", "Workload")
-NETWORK_POLICIES = Resource(desired.NETWORK_POLICY_API, "networkpolicies", "NetworkPolicy")
-ENDPOINT_SLICES = Resource(desired.ENDPOINT_SLICE_API, "endpointslices", "EndpointSlice")
-DEVICE_CLAIM_TEMPLATES = Resource(desired.RESOURCE_API, "resourceclaimtemplates", "ResourceClaimTemplate")
 RESOURCE_SLICES = Resource(desired.RESOURCE_API, "resourceslices", "ResourceSlice", namespaced=False)
 DEVICE_CLASSES = Resource(desired.RESOURCE_API, "deviceclasses", "DeviceClass", namespaced=False)
+
+
+def child_resource(kind: ChildKind) -> Resource:
+    """What an informer of a child kind lists and watches."""
+    return Resource(kind.api_version, kind.plural, kind.kind)
 
 
 @dataclass
@@ -94,19 +92,13 @@ class Runtime:
         runtime.devices = DeviceCache(on_capacity=runtime._capacity_changed)
         owned = naming.JOB_NAME_LABEL  # only our children cross the wire
         scopes: Sequence[str | None] = tuple(namespaces) if namespaces else (None,)
-        isolating = ((NETWORK_POLICIES, runtime.children, owned, False),) if settings.job_isolation is not None else ()
+        children: list[tuple[Resource, Sink, str | None, bool]] = []
+        for kind in child_kinds.watched(isolating=settings.job_isolation is not None):
+            named = kind.informer == "named"  # Kueue's Workloads: named after our pod groups, not labelled
+            sink: Sink = runtime.workloads if named else runtime.children
+            children.append((child_resource(kind), sink, None if named else owned, kind.optional))
         for scope in scopes:
-            for resource, sink, selector, optional in (
-                (TRAINING_JOBS, runtime.jobs, None, False),
-                (PODS, runtime.children, owned, False),
-                (SERVICES, runtime.children, owned, False),
-                (ENDPOINT_SLICES, runtime.children, owned, False),  # rank addresses (docs/placement.md)
-                (COSCHEDULING_POD_GROUPS, runtime.children, owned, True),
-                (VOLCANO_POD_GROUPS, runtime.children, owned, True),
-                (DEVICE_CLAIM_TEMPLATES, runtime.children, owned, True),  # DRA: Kubernetes 1.34+
-                (KUEUE_WORKLOADS, runtime.workloads, None, True),  # named after our pod groups, not labelled
-                *isolating,
-            ):
+            for resource, sink, selector, optional in ((TRAINING_JOBS, runtime.jobs, None, False), *children):
                 runtime.informers.append(
                     Informer(
                         client,
@@ -232,11 +224,12 @@ class Runtime:
     def missing_apis(self, namespace: str) -> dict[str, str]:
         """APIs of optional children (PodGroups, ResourceClaimTemplates) the operator cannot use in
         a namespace, with the reason."""
+        stalling = {(kind.api_version, kind.kind) for kind in child_kinds.stalling_when_missing()}
         return {
             informer.resource.api_version: informer.absent_reason
             for informer in self.informers
             if informer.absent
-            and informer.resource.kind in ("PodGroup", "ResourceClaimTemplate")
+            and (informer.resource.api_version, informer.resource.kind) in stalling
             and informer.namespace in (None, namespace)
         }
 

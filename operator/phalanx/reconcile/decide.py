@@ -111,14 +111,15 @@ def without_spares(job: api.TrainingJob) -> api.TrainingJob:
 def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
     job, spec, observed = context.job, context.spec, context.observed
     memory = memory.avoiding_until(context.now).resumed(observed.progress)
-    # created only in a pass that handles no failure, so the nodes avoided so far are all there are
-    store = desired.rendezvous_store_pod(job, launch, avoid=memory.avoided_nodes)
     stamp, actions = node_capacity_stamp(context)
+    # the store is created only in a pass that handles no failure, so the nodes avoided so far are all there are
+    children = desired.job_children(
+        job, launch, avoid=memory.avoided_nodes, node_capacity=stamp, isolation=observed.isolation
+    )
+    store, group, services = children.store, children.pod_group, children.services
     if memory.avoided:  # status drops the node when its time is up
         ends = min(parse_time(entry.until) or context.now for entry in memory.avoided)
         actions += requeue(max(0.0, (ends - context.now).total_seconds()))
-    group = desired.pod_group(job, launch, stamp)
-    services = (desired.rendezvous_service(job), desired.workers_service(job))
 
     if spec.suspend:
         actions += context.removing_active()
@@ -158,7 +159,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
     if step.view is not None:
         return Decision(step.view, memory, actions, stall=stall)
 
-    devices = desired.device_claim_template(job)
+    devices = children.device_claim_template
     unavailable = missing_api(context, group, devices)
     if unavailable is not None:
         reason, message = unavailable
@@ -182,11 +183,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         child_kind(devices["apiVersion"], devices["kind"]), devices["metadata"]["name"]
     )
     wanted = [Wanted(devices, create_only=True)] if devices is not None and devices_missing else []
-    wanted += [
-        Wanted(obj)
-        for obj in (group, desired.job_network_policy(job, launch, observed.isolation), *services)
-        if obj is not None
-    ]
+    wanted += [Wanted(obj) for obj in (group, children.network_policy, *services) if obj is not None]
 
     def held(view: PhaseView, *, more: Actions = NOTHING, promoted: frozenset[str] = frozenset()) -> Decision:
         """The pass ends before workers: only the objects wanted so far are written; spares are
@@ -273,7 +270,7 @@ def decide_active(context: Context, memory: Memory, launch: Launch) -> Decision:
         wanted.extend(Wanted(spare, create_only=True) for spare in kept_spares.create)
         actions += kept_spares.actions
     ranks_slices, addresses = topology.rank_addresses(context, memory, launch, current)
-    wanted.extend(Wanted(obj) for obj in (desired.ranks_service(job, launch), *ranks_slices) if obj is not None)
+    wanted.extend(Wanted(obj) for obj in (children.ranks_service, *ranks_slices) if obj is not None)
     actions += addresses
     writes = creation.writes(wanted, observed, job.metadata.uid, context.now)
     step = running_phase(context, memory, launch, current, store_pod, writes.blocked)

@@ -50,20 +50,5 @@ def preview(stored: dict[str, Any], namespace: str = "default") -> Preview:
     metadata.setdefault("namespace", namespace)
     job = api.TrainingJob.from_body({**stored, "metadata": metadata})
     launch = resolve_launch(job.spec)
-    objects: list[Object] = []
-    devices = desired.device_claim_template(job)
-    if devices is not None:
-        objects.append(devices)
-    group = desired.pod_group(job, launch)
-    if group is not None:
-        objects.append(group)
-    objects.append(desired.rendezvous_service(job))
-    workers_service = desired.workers_service(job)
-    if workers_service is not None:
-        objects.append(workers_service)
-    objects.append(desired.rendezvous_store_pod(job, launch))
-    ranks = desired.ranks_service(job, launch)
-    if ranks is not None:
-        objects.append(ranks)
-    objects.extend(desired.worker_pod(job, launch, index=index, attempt=0) for index in range(job.spec.workers.desired))
-    return Preview(job=job, launch=launch, objects=tuple(objects))
+    children = desired.job_children(job, launch)
+    return Preview(job=job, launch=launch, objects=children.in_creation_order(attempt=0))
