@@ -1,11 +1,24 @@
 """Carry out a Plan against the API server, feeding every response back into the caches.
 
-Order matters for crash safety: status first (it records a new attempt, the UIDs of the
-failures it counts and of the workers it deletes itself, before anything else happens), then the
-gang's PodGroup, then the Service, the store and the workers in parallel (bounded by the client's
-cap), then the pods an in-place gang restart keeps are moved to the new attempt, then deletions;
-events go to the ``EventRecorder``, which posts them after the requests that create and fix things.
-A status write that only reports progress may be held back for a moment (``StatusPacer``).
+The writes go in this order, which matters for crash safety:
+
+1. status, when it changed or the plan promotes a spare (it records a new attempt, a slot claim,
+   the UIDs of the failures it counts and of the workers it deletes itself, before anything else
+   happens); a write that only reports progress may be held back for a moment (``StatusPacer``),
+   and the rest of the plan goes on without it;
+2. the gang's PodGroup, before any pod (a scheduler that sees a pod first may place it alone);
+3. every other child in parallel (bounded by the client's cap): Services, the store, worker pods
+   and spares, the ranks' EndpointSlices, a NetworkPolicy, a ResourceClaimTemplate (the planner
+   creates the pods that need it in a later pass); created, or server-side applied where they
+   drifted;
+4. pod patches (``reconcile.pod_patches``), in parallel: the pods an in-place gang restart keeps
+   moved to the new attempt and spares promoted into slots; then, once the objects exist (the rank
+   names resolve), rank addresses given to the workers;
+5. deletions, in parallel: pods and the children no worker needs any more;
+6. Events handed to the ``EventRecorder``, which posts them after the requests that create and
+   fix things;
+7. the TrainingJob itself, deleted when its ``ttlSecondsAfterFinished`` has passed.
+
 A SIGKILL between any two requests leaves a state the next pass completes without counting or
 creating anything twice:
 
@@ -17,8 +30,9 @@ creating anything twice:
 - drifted Services and PodGroups are server-side applied with their UID as a precondition;
 - pods, and EndpointSlices no worker needs any more, are deleted with their UID as a precondition,
   so only the object that was planned goes;
-- a kept pod is moved to the new attempt by a JSON patch that tests its UID and its old attempt,
-  so a repeated move, or one planned from a view the pod has left, changes nothing;
+- every pod patch is a JSON patch whose tests name the pod (its UID) and its state (its attempt,
+  a spare's role), so a repeated patch, or one planned from a view the pod has left, changes
+  nothing (``ApiClient.patch_if``);
 - a spare is promoted only after the status write that records its slot claim passed the
   resourceVersion precondition (written even when nothing else changed: ``Plan.promotes``), so
   two passes planned from one version of the job never both promote into a slot (``slots``).
@@ -44,9 +58,10 @@ from phalanx.api import v1alpha1 as api
 from phalanx.cluster.cache import ChildCache, JobCache, JobKey, controller_of
 from phalanx.cluster.client import ApiClient, ApiError
 from phalanx.cluster.events import EventRecorder
-from phalanx.reconcile.actions import Address, Deletion, Move
+from phalanx.reconcile.actions import Deletion
 from phalanx.reconcile.observed import ChildKey, Refusal, child_kind
 from phalanx.reconcile.plan import Plan, progress_only, status_changed
+from phalanx.reconcile.pod_patches import PodPatch
 
 logger = logging.getLogger(__name__)
 
@@ -386,30 +401,14 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
         await put(obj)
     await asyncio.gather(*(put(obj) for obj in plan.apply if obj["kind"] != "PodGroup"))
 
-    async def move(pod: Move) -> None:
-        response = await run.client.move_pod(
-            namespace,
-            pod.name,
-            uid=pod.uid,
-            from_attempt=pod.from_attempt,
-            to_attempt=pod.to_attempt,
-            rendezvous_id=pod.rendezvous_id,
-            index=pod.index,
-        )
+    async def patch(pod: PodPatch) -> None:
+        response = await run.client.patch_if("v1", "Pod", namespace, pod.name, pod.body())
         if response is not None:
             run.children.observe("MODIFIED", response)
 
-    await asyncio.gather(*(move(pod) for pod in plan.move))
-
-    async def address(pod: Address) -> None:
-        response = await run.client.address_pod(
-            namespace, pod.name, uid=pod.uid, attempt=pod.attempt, address=pod.address
-        )
-        if response is not None:
-            run.children.observe("MODIFIED", response)
-
+    await asyncio.gather(*(patch(pod) for pod in plan.move))
     # after the objects: the rank names resolve (the EndpointSlices) before a supervisor reads them
-    await asyncio.gather(*(address(pod) for pod in plan.address))
+    await asyncio.gather(*(patch(pod) for pod in plan.address))
 
     async def remove(deletion: Deletion) -> None:
         if deletion.kind == "Pod":
