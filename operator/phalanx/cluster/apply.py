@@ -5,12 +5,13 @@ The writes go in this order, which matters for crash safety:
 1. status, when it changed or the plan promotes a spare (it records a new attempt, a slot claim,
    the UIDs of the failures it counts and of the workers it deletes itself, before anything else
    happens); a write that only reports progress may be held back for a moment (``StatusPacer``),
-   and the rest of the plan goes on without it;
+   and the rest of the plan goes on without it; a refused write (the job changed since the plan
+   was made, or is gone) ends the execution here;
 2. the gang's PodGroup, before any pod (a scheduler that sees a pod first may place it alone);
 3. every other child in parallel (bounded by the client's cap): Services, the store, worker pods
    and spares, the ranks' EndpointSlices, a NetworkPolicy, a ResourceClaimTemplate (the planner
-   creates the pods that need it in a later pass); created, or server-side applied where they
-   drifted;
+   creates the pods that need it in a later pass); created when missing, server-side applied when
+   they drifted (a pod never: pods are not changed in place);
 4. pod patches (``reconcile.pod_patches``), in parallel: the pods an in-place gang restart keeps
    moved to the new attempt and spares promoted into slots; then, once the objects exist (the rank
    names resolve), rank addresses given to the workers;
@@ -27,7 +28,7 @@ creating anything twice:
 - children are created by POST, which never touches an existing object (``ApiClient.create``): a
   name held by an object this job does not control is left alone and reported, and a create that
   finds our own object (the response was lost, or the cache was behind) just takes it into the cache;
-- drifted Services and PodGroups are server-side applied with their UID as a precondition;
+- drifted children other than pods are server-side applied with their UID as a precondition;
 - pods, and EndpointSlices no worker needs any more, are deleted with their UID as a precondition,
   so only the object that was planned goes;
 - every pod patch is a JSON patch whose tests name the pod (its UID) and its state (its attempt,
