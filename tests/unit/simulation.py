@@ -34,6 +34,7 @@ from phalanx.reconcile.observed import (
 )
 from phalanx.reconcile.plan import Plan, plan, status_changed
 from phalanx.reconcile.status import format_time
+from tests.unit import json_patch
 
 START = datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
 
@@ -202,27 +203,8 @@ class World:
                 self.pods[obj["metadata"]["name"]] = obj
             else:
                 self.objects[(child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"])] = obj
-        for move in result.move:  # the JSON patch's tests: that pod (UID) at that attempt
-            pod = self.pods.get(move.name)
-            if pod is None or pod["metadata"]["uid"] != move.uid:
-                continue
-            labels, annotations = pod["metadata"]["labels"], pod["metadata"].setdefault("annotations", {})
-            if labels.get(naming.ATTEMPT_LABEL) != str(move.from_attempt):
-                continue
-            if move.index is not None:  # a promotion: only while the pod is a spare
-                if labels.get(naming.ROLE_LABEL) != naming.ROLE_SPARE:
-                    continue
-                labels[naming.ROLE_LABEL] = naming.ROLE_WORKER
-                labels[naming.WORKER_INDEX_LABEL] = str(move.index)
-            labels[naming.ATTEMPT_LABEL] = str(move.to_attempt)
-            annotations[naming.RENDEZVOUS_ID_ANNOTATION] = move.rendezvous_id
-        for given in result.address:  # the JSON patch's tests: that pod (UID) at that attempt
-            pod = self.pods.get(given.name)
-            if pod is None or pod["metadata"]["uid"] != given.uid:
-                continue
-            if pod["metadata"]["labels"].get(naming.ATTEMPT_LABEL) != str(given.attempt):
-                continue
-            pod["metadata"].setdefault("annotations", {})[naming.RANK_ADDRESS_ANNOTATION] = given.address
+        for patch in (*result.move, *result.address):
+            self.patch_pod(patch.name, patch.body())
         for deletion in result.delete:
             if deletion.kind != "Pod":
                 self.objects.pop((child_kind(deletion.api_version, deletion.kind), deletion.name), None)
@@ -237,6 +219,20 @@ class World:
                 pod["metadata"]["deletionTimestamp"] = format_time(self.now)
         if result.delete_job:
             self.job_deleted = True
+        return True
+
+    def patch_pod(self, name: str, operations: list[dict[str, Any]]) -> bool:
+        """A JSON patch of a pod, as the API server applies it: all of it, or nothing when a test
+        fails or the pod is gone (404, 422). False when it did not apply."""
+        pod = self.pods.get(name)
+        if pod is None:
+            return False
+        try:
+            patched = json_patch.apply(pod, operations)
+        except json_patch.PatchFailedError:
+            return False
+        pod.clear()
+        pod.update(patched)  # the same dict: a test may hold it
         return True
 
     def settle(self, rounds: int = 10) -> Plan:

@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
-from phalanx.reconcile import naming
+from phalanx.reconcile import naming, pod_patches
 from phalanx.reconcile.environment import resolve_launch, runs_supervisor
 from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job
 from tests.unit.simulation import World
+
+ATTEMPT = pod_patches.label(naming.ATTEMPT_LABEL)
 
 SUPERVISED = ["phalanx-supervise", "--", "torchrun"]
 
@@ -127,8 +129,8 @@ def test_too_few_survivors_replace_only_the_failed_pods_counted_once_after_the_b
     assert not waiting.move and world.status["reason"] == "Backoff"
     world.advance(10)
     moved = world.reconcile()
-    assert [(m.name, m.uid, m.from_attempt, m.to_attempt) for m in moved.move] == [
-        ("demo-worker-0", before["demo-worker-0"], 0, 1)
+    assert [(m.name, m.uid, m.tested(ATTEMPT), m.attempt) for m in moved.move] == [
+        ("demo-worker-0", before["demo-worker-0"], "0", 1)
     ]
     replaced = world.reconcile()
     created = sorted(obj["metadata"]["name"] for obj in replaced.apply if obj["kind"] == "Pod")
@@ -167,7 +169,7 @@ def test_without_a_backoff_or_an_old_store_the_kept_pods_move_in_the_restarts_ow
     world.deleted_nodes.add("node-b")  # two workers lost with their node: not counted, no backoff
     restart = world.reconcile()
     assert world.status["attempt"] == 1 and world.status["restartsByReason"] == {"NodeLost": 1}
-    assert [(m.name, m.uid, m.to_attempt) for m in restart.move] == [("demo-worker-0", before["demo-worker-0"], 1)]
+    assert [(m.name, m.uid, m.attempt) for m in restart.move] == [("demo-worker-0", before["demo-worker-0"], 1)]
     world.settle()
     world.run()
     world.reconcile()
@@ -216,7 +218,7 @@ def test_a_worker_lost_while_min_survive_re_forms_the_world_in_place_at_once() -
     reformed = world.reconcile()
     assert world.status["attempt"] == 1 and world.status["restarts"] == 1  # counted once, as a replacement
     assert world.status.get("restartNotBefore") is None  # no backoff: nothing waits
-    assert sorted((m.name, m.to_attempt) for m in reformed.move) == [("demo-worker-0", 1), ("demo-worker-1", 1)]
+    assert sorted((m.name, m.attempt) for m in reformed.move) == [("demo-worker-0", 1), ("demo-worker-1", 1)]
     assert [d.name for d in reformed.delete] == ["demo-worker-2"]
     assert "2 worker(s) re-form the world in place as attempt 1" in world.status["message"]
     refilled = world.reconcile()
@@ -311,7 +313,7 @@ def test_a_ready_blip_during_the_backoff_keeps_the_kept_pods() -> None:
     world.node_ready("node-b")
     world.advance(10)
     moved = world.reconcile()
-    assert [(m.name, m.uid, m.to_attempt) for m in moved.move] == [("demo-worker-0", kept, 1)]
+    assert [(m.name, m.uid, m.attempt) for m in moved.move] == [("demo-worker-0", kept, 1)]
 
 
 def test_a_node_lost_during_the_backoff_loses_the_kept_pods() -> None:

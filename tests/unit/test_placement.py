@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 
 from phalanx.cluster.cache import NodeCache
-from phalanx.reconcile import desired, naming
+from phalanx.reconcile import desired, naming, pod_patches
 from phalanx.reconcile.environment import resolve_launch
 from phalanx.reconcile.observed import Observed
 from tests.unit.jobs import job
 from tests.unit.simulation import World
+
+RANK_ADDRESS = pod_patches.annotation(naming.RANK_ADDRESS_ANNOTATION)
 
 RACK = "topology.phalanx.dev/rack"
 NODE_8_GPUS = {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}
@@ -294,7 +296,7 @@ def test_pods_kept_through_an_in_place_restart_get_the_new_attempts_addresses_wi
             break
         plan = world.reconcile()
     assert plan.move and {given.name for given in plan.address} == {move.name for move in plan.move}
-    assert all(given.address.startswith("a1-") and given.attempt == 1 for given in plan.address)
+    assert all(str(given.written(RANK_ADDRESS)).startswith("a1-") and given.attempt == 1 for given in plan.address)
 
 
 def test_a_sigkill_after_the_move_was_recorded_still_moves_the_unplaced_pods() -> None:
@@ -348,7 +350,8 @@ def test_rank_addresses_of_more_workers_than_one_endpoint_slice_holds_are_sharde
         assert slice_["metadata"]["ownerReferences"][0]["uid"] == world.body["metadata"]["uid"]
         assert {slot_of(e) for e in slice_["endpoints"]} == set(range(shard * 1000, min(2500, shard * 1000 + 1000)))
     hosts = [e["hostname"] for s in slices.values() for e in s["endpoints"]]
-    assert sorted(hosts) == sorted(a.address.split(".")[0] for a in plan.address) and len(set(hosts)) == 2500
+    given = sorted(str(a.written(RANK_ADDRESS)).split(".")[0] for a in plan.address)
+    assert sorted(hosts) == given and len(set(hosts)) == 2500
 
     # a worker of the first thousand leaves: only its slice changes, every other pod keeps its slice
     world.delete_pod(naming.worker_pod_name("demo", 5))

@@ -19,8 +19,7 @@ from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.login import Credentials
 from phalanx.cluster.refusals import RefusalMemory
 from phalanx.cluster.status_pacing import StatusPacer
-from phalanx.reconcile import naming
-from phalanx.reconcile.actions import Move
+from phalanx.reconcile import naming, pod_patches
 from phalanx.reconcile.plan import Plan
 from phalanx.reconcile.slots import DUPLICATE_WORKER
 from phalanx.reconcile.status import format_time
@@ -30,7 +29,7 @@ from tests.unit.test_spares import slot_of, two_spares_on_two_nodes
 
 
 def promoted(plan: Plan) -> list[tuple[str, int]]:
-    return [(move.name, move.index) for move in plan.move if move.index is not None]
+    return [(move.name, move.promotes_slot) for move in plan.move if move.promotes_slot is not None]
 
 
 def holders(world: World) -> dict[str, list[str]]:
@@ -159,7 +158,7 @@ class JobStore:
 
 CLAIMED = {"index": 3, "pod": "demo-spare-1", "uid": "spare-uid", "attempt": 2}
 STATUS = {"phase": "Running", "reason": "WorkersReady", "message": "3 worker(s) training", "attempt": 2}
-PROMOTION = Move("demo-spare-1", "spare-uid", 0, 2, "job-uid-2", index=3)
+PROMOTION = pod_patches.promotion("demo-spare-1", "spare-uid", 0, 2, "job-uid-2", 3)
 
 
 @pytest.fixture

@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
-from phalanx.reconcile import naming
+from phalanx.reconcile import naming, pod_patches
 from phalanx.reconcile.spares import SPARE_FAILED
 from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job
 from tests.unit.simulation import World
+
+ATTEMPT = pod_patches.label(naming.ATTEMPT_LABEL)
 
 SUPERVISED = ["phalanx-supervise", "--", "torchrun"]
 
@@ -75,7 +77,7 @@ def test_a_failed_worker_is_replaced_by_a_ready_spare_and_the_world_re_forms_in_
     # a new rendezvous id, so that torchrun need not wait for the lost agent's keep-alives to run out
     assert world.status["attempt"] == 1 and world.status["restarts"] == 1  # counted once, no backoff
     assert world.status["restartsByReason"] == {"WorkerFailed": 1} and world.status.get("restartNotBefore") is None
-    assert sorted((m.name, m.uid, m.index, m.to_attempt) for m in replaced.move) == [
+    assert sorted((m.name, m.uid, m.promotes_slot, m.attempt) for m in replaced.move) == [
         ("demo-spare-0", spare_uid, 1, 1),
         ("demo-worker-0", before["demo-worker-0"], None, 1),
         ("demo-worker-2", before["demo-worker-2"], None, 1),
@@ -102,7 +104,7 @@ def test_a_worker_being_deleted_from_outside_has_its_slot_taken_before_it_is_gon
     world = training(with_spares(1))
     world.pods["demo-worker-2"]["metadata"]["deletionTimestamp"] = format_time(world.now)
     taken = world.reconcile()
-    assert [(m.name, m.index) for m in taken.move if m.index is not None] == [("demo-spare-0", 2)]
+    assert [(m.name, m.promotes_slot) for m in taken.move if m.promotes_slot is not None] == [("demo-spare-0", 2)]
     assert world.status["restarts"] == 0  # deleted from outside: not counted
     assert world.status["restartsByReason"] == {"WorkersDeleted": 1}
 
@@ -113,7 +115,7 @@ def test_with_fewer_ready_spares_than_lost_slots_the_rest_get_new_pods_once_thei
     world.terminate("demo-worker-2", 1)
     replaced = world.reconcile()
     assert world.status["attempt"] == 1 and world.status["restarts"] == 1  # one failure event
-    assert [(m.name, m.index) for m in replaced.move if m.index is not None] == [("demo-spare-0", 1)]
+    assert [(m.name, m.promotes_slot) for m in replaced.move if m.promotes_slot is not None] == [("demo-spare-0", 1)]
     assert "demo-spare-0 takes slot 1; 3 worker(s) re-form the world in place" in world.status["message"]
     world.finish_terminating()
     refilled = world.reconcile()
@@ -126,10 +128,12 @@ def test_a_gang_restart_keeps_the_survivors_and_fills_the_lost_slot_with_a_spare
     world.pods["demo-worker-2"]["metadata"]["deletionTimestamp"] = format_time(world.now)  # kubectl delete pod
     restart = world.reconcile()
     assert world.status["attempt"] == 1 and world.status["restarts"] == 0
-    assert {(m.name, m.to_attempt) for m in restart.move} == {("demo-worker-0", 1), ("demo-worker-1", 1)}
+    assert {(m.name, m.attempt) for m in restart.move} == {("demo-worker-0", 1), ("demo-worker-1", 1)}
     filled = world.reconcile()  # the old pod still stops: the spare has a name of its own
     assert "demo-worker-2" in world.pods
-    assert [(m.name, m.index, m.from_attempt, m.to_attempt) for m in filled.move] == [("demo-spare-0", 2, 0, 1)]
+    assert [(m.name, m.promotes_slot, m.tested(ATTEMPT), m.attempt) for m in filled.move] == [
+        ("demo-spare-0", 2, "0", 1)
+    ]
     assert world.pods["demo-spare-0"]["metadata"]["annotations"][naming.RENDEZVOUS_ID_ANNOTATION] == "5f1c0d2e-1"
     world.finish_terminating()
     world.settle()
@@ -296,7 +300,7 @@ def test_a_ready_spare_takes_the_slot_of_a_worker_that_waits_for_a_node_and_that
     world.unschedulable("demo-worker-1", "0/3 nodes are available: 3 Insufficient cpu.")
     waiting_uid = world.pods["demo-worker-1"]["metadata"]["uid"]
     taken = world.reconcile()
-    assert [(m.name, m.index, m.to_attempt) for m in taken.move] == [("demo-spare-0", 1, 1)]
+    assert [(m.name, m.promotes_slot, m.attempt) for m in taken.move] == [("demo-spare-0", 1, 1)]
     assert [d.name for d in taken.delete] == ["demo-worker-1"]
     assert world.pods["demo-worker-1"]["metadata"]["uid"] == waiting_uid
     world.reconcile()  # seen stopping (bound just before the deletion): its slot is the spare's, nothing is lost
@@ -323,7 +327,7 @@ def test_a_sigkill_between_the_promotion_and_the_deletion_of_the_waiting_pod_sti
     world.pods["demo-worker-2"]["status"] = {"phase": "Pending"}  # as if just created, waiting for a node
     world.pods["demo-worker-2"]["spec"].pop("nodeName")
     taken = world.plan()
-    assert [(m.name, m.index) for m in taken.move] == [("demo-spare-0", 2)]
+    assert [(m.name, m.promotes_slot) for m in taken.move] == [("demo-spare-0", 2)]
     world.carry_out(replace(taken, delete=()))  # the operator dies after the promotion
     doubled = world.reconcile()
     assert [d.name for d in doubled.delete] == ["demo-worker-2"] and not doubled.move
@@ -435,7 +439,7 @@ def test_a_spare_is_not_promoted_into_a_slot_a_scale_down_removes_in_the_same_pa
     world.body["spec"]["workers"]["desired"] = 2
     world.terminate("demo-worker-2", 1)
     both = world.reconcile()
-    assert not [m for m in both.move if m.index is not None]
+    assert not [m for m in both.move if m.promotes_slot is not None]
     assert [pod["metadata"]["name"] for pod in world.spares()] == ["demo-spare-0"]
     world.settle()
     world.run()

@@ -1,11 +1,26 @@
 """Carry out a Plan against the API server, feeding every response back into the caches.
 
-Order matters for crash safety: status first (it records a new attempt, the UIDs of the
-failures it counts and of the workers it deletes itself, before anything else happens), then the
-gang's PodGroup, then the Service, the store and the workers in parallel (bounded by the client's
-cap), then the pods an in-place gang restart keeps are moved to the new attempt, then deletions;
-events go to the ``EventRecorder``, which posts them after the requests that create and fix things.
-A status write that only reports progress may be held back for a moment (``StatusPacer``).
+The writes go in this order, which matters for crash safety:
+
+1. status, when it changed or the plan promotes a spare (it records a new attempt, a slot claim,
+   the UIDs of the failures it counts and of the workers it deletes itself, before anything else
+   happens); a write that only reports progress may be held back for a moment (``status_pacing``),
+   and the rest of the plan goes on without it; a refused write (the job changed since the plan
+   was made, or is gone) ends the execution here;
+2. the children stage by stage as ``child_kinds`` orders them: the gang's PodGroup before any pod
+   (a scheduler that sees a pod first may place it alone);
+3. then every other child in parallel (bounded by the client's cap): Services, the store, worker pods
+   and spares, the ranks' EndpointSlices, a NetworkPolicy, a ResourceClaimTemplate (the planner
+   creates the pods that need it in a later pass); created when missing, server-side applied when
+   they drifted (a pod never: pods are not changed in place);
+4. pod patches (``reconcile.pod_patches``), in parallel: the pods an in-place gang restart keeps
+   moved to the new attempt and spares promoted into slots; then, once the objects exist (the rank
+   names resolve), rank addresses given to the workers;
+5. deletions, in parallel: pods and the children no worker needs any more;
+6. Events handed to the ``EventRecorder``, which posts them after the requests that create and
+   fix things;
+7. the TrainingJob itself, deleted when its ``ttlSecondsAfterFinished`` has passed.
+
 A SIGKILL between any two requests leaves a state the next pass completes without counting or
 creating anything twice:
 
@@ -14,17 +29,18 @@ creating anything twice:
 - children are created by POST, which never touches an existing object (``ApiClient.create``): a
   name held by an object this job does not control is left alone and reported, and a create that
   finds our own object (the response was lost, or the cache was behind) just takes it into the cache;
-- drifted Services and PodGroups are server-side applied with their UID as a precondition;
+- drifted children other than pods are server-side applied with their UID as a precondition;
 - pods, and EndpointSlices no worker needs any more, are deleted with their UID as a precondition,
   so only the object that was planned goes;
-- a kept pod is moved to the new attempt by a JSON patch that tests its UID and its old attempt,
-  so a repeated move, or one planned from a view the pod has left, changes nothing;
+- every pod patch is a JSON patch whose tests name the pod (its UID) and its state (its attempt,
+  a spare's role), so a repeated patch, or one planned from a view the pod has left, changes
+  nothing (``ApiClient.patch_if``);
 - a spare is promoted only after the status write that records its slot claim passed the
   resourceVersion precondition (written even when nothing else changed: ``Plan.promotes``), so
   two passes planned from one version of the job never both promote into a slot (``slots``).
 
 Refusals that may pass (quota, a name conflict, missing permission, a gang scheduler API that is
-not installed) are recorded for the planner, which paces retries and explains them in status;
+not installed) are recorded for the planner (``refusals``), which paces retries and explains them in status;
 refusals that no retry can fix (validation, Pod Security, a webhook) fail the job.
 """
 
@@ -45,9 +61,10 @@ from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.refusals import RANK_ADDRESSES_REFUSED, RefusalMemory, passing_refusal, refusal_message
 from phalanx.cluster.status_pacing import STARTING_PHASES, StatusPacer
 from phalanx.reconcile import child_kinds
-from phalanx.reconcile.actions import Address, Deletion, Move
+from phalanx.reconcile.actions import Deletion
 from phalanx.reconcile.observed import child_kind
 from phalanx.reconcile.plan import Plan, progress_only, status_changed
+from phalanx.reconcile.pod_patches import PodPatch
 
 logger = logging.getLogger(__name__)
 
@@ -213,30 +230,14 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
             *(put(obj) for obj in plan.apply if child_kinds.write_stage(obj["apiVersion"], obj["kind"]) == stage)
         )
 
-    async def move(pod: Move) -> None:
-        response = await run.client.move_pod(
-            namespace,
-            pod.name,
-            uid=pod.uid,
-            from_attempt=pod.from_attempt,
-            to_attempt=pod.to_attempt,
-            rendezvous_id=pod.rendezvous_id,
-            index=pod.index,
-        )
+    async def patch(pod: PodPatch) -> None:
+        response = await run.client.patch_if("v1", "Pod", namespace, pod.name, pod.body())
         if response is not None:
             run.children.observe("MODIFIED", response)
 
-    await asyncio.gather(*(move(pod) for pod in plan.move))
-
-    async def address(pod: Address) -> None:
-        response = await run.client.address_pod(
-            namespace, pod.name, uid=pod.uid, attempt=pod.attempt, address=pod.address
-        )
-        if response is not None:
-            run.children.observe("MODIFIED", response)
-
+    await asyncio.gather(*(patch(pod) for pod in plan.move))
     # after the objects: the rank names resolve (the EndpointSlices) before a supervisor reads them
-    await asyncio.gather(*(address(pod) for pod in plan.address))
+    await asyncio.gather(*(patch(pod) for pod in plan.address))
 
     async def remove(deletion: Deletion) -> None:
         if deletion.kind == "Pod":

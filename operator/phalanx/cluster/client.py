@@ -22,7 +22,7 @@ import ssl
 import tempfile
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -550,67 +550,23 @@ class ApiClient:
             content_type="application/apply-patch+yaml",
         )
 
-    async def address_pod(
-        self, namespace: str, name: str, *, uid: str, attempt: int, address: str
+    async def patch_if(
+        self, api_version: str, kind: str, namespace: str | None, name: str, operations: Sequence[Mapping[str, Any]]
     ) -> dict[str, Any] | None:
-        """Give a worker pod its rank address (``naming.RANK_ADDRESS_ANNOTATION``): a JSON patch that
-        applies only to that pod (UID) at ``attempt``. None when it no longer applies."""
-        label = "/metadata/labels/" + naming.ATTEMPT_LABEL.replace("/", "~1")
-        annotation = "/metadata/annotations/" + naming.RANK_ADDRESS_ANNOTATION.replace("/", "~1")
-        body = [
-            {"op": "test", "path": "/metadata/uid", "value": uid},
-            {"op": "test", "path": label, "value": str(attempt)},
-            {"op": "add", "path": annotation, "value": address},
-        ]
-        return await self._patch_pod_if(namespace, name, body)
-
-    async def move_pod(
-        self,
-        namespace: str,
-        name: str,
-        *,
-        uid: str,
-        from_attempt: int,
-        to_attempt: int,
-        rendezvous_id: str,
-        index: int | None = None,
-    ) -> dict[str, Any] | None:
-        """Move a worker pod kept through an in-place gang restart to ``to_attempt``, or (``index``)
-        promote a spare into that slot: a JSON patch whose tests make it apply only to that pod
-        (UID) at ``from_attempt`` (and, promoting, while it is a spare), so repeating it, or
-        sending it after the pod changed, changes nothing. None when it no longer applies."""
-        label = "/metadata/labels/" + naming.ATTEMPT_LABEL.replace("/", "~1")
-        annotation = "/metadata/annotations/" + naming.RENDEZVOUS_ID_ANNOTATION.replace("/", "~1")
-        body = [
-            {"op": "test", "path": "/metadata/uid", "value": uid},
-            {"op": "test", "path": label, "value": str(from_attempt)},
-        ]
-        if index is not None:
-            role = "/metadata/labels/" + naming.ROLE_LABEL.replace("/", "~1")
-            slot = "/metadata/labels/" + naming.WORKER_INDEX_LABEL.replace("/", "~1")
-            body += [
-                {"op": "test", "path": role, "value": naming.ROLE_SPARE},
-                {"op": "replace", "path": role, "value": naming.ROLE_WORKER},
-                {"op": "add", "path": slot, "value": str(index)},
-            ]
-        body += [
-            {"op": "replace", "path": label, "value": str(to_attempt)},
-            {"op": "add", "path": annotation, "value": rendezvous_id},
-        ]
-        return await self._patch_pod_if(namespace, name, body)
-
-    async def _patch_pod_if(self, namespace: str, name: str, body: list[dict[str, Any]]) -> dict[str, Any] | None:
-        """A JSON patch of a pod whose tests say which pod it is for; None when they fail."""
+        """A JSON patch (RFC 6902) whose ``test`` operations say which object, in which state, it is
+        for (its UID, a label's value, a resourceVersion), so repeating it, or sending it after the
+        object changed, changes nothing. None when it no longer applies: the object is gone (404),
+        changed (409), or a test failed (422)."""
         try:
             return await self.request(
                 "PATCH",
-                resource_path("v1", "Pod", namespace, name),
+                resource_path(api_version, kind, namespace, name),
                 params={"fieldManager": naming.FIELD_MANAGER},
-                body=body,
+                body=list(operations),
                 content_type="application/json-patch+json",
             )
         except ApiError as error:
-            if error.status in (404, 409, 422):  # gone, or no longer the pod at that attempt
+            if error.status in (404, 409, 422):
                 return None
             raise
 

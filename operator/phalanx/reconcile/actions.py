@@ -1,11 +1,14 @@
-"""What a planning decision asks of the cluster besides objects to apply: deletions, pods moved to a
-new attempt in place, Events, and when to look again. Values only; decisions return them and the
-planner adds them up in order."""
+"""What a planning decision asks of the cluster besides objects to apply: deletions, patches of
+pods it keeps (``pod_patches``: moved to a new attempt in place, promoted, given a rank address),
+Events, and when to look again. Values only; decisions return them and the planner adds them up in
+order."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from phalanx.reconcile.pod_patches import PodPatch
 
 
 @dataclass(frozen=True)
@@ -21,34 +24,6 @@ class Deletion:
 
 
 @dataclass(frozen=True)
-class Move:
-    """A worker pod kept through an in-place gang restart, moved to the new attempt: its attempt
-    label and rendezvous id change (only while it is still the pod, at the attempt, planned from),
-    and its supervisor restarts the training processes. With ``index``, a warm spare promoted into
-    that slot (only while it is still a spare): its role and slot change too, and its supervisor
-    starts the command."""
-
-    name: str
-    uid: str
-    from_attempt: int
-    to_attempt: int
-    rendezvous_id: str
-    index: int | None = None
-
-
-@dataclass(frozen=True)
-class Address:
-    """The name a supervised worker's torchrun agent gives the rendezvous as its address
-    (``phalanx.dev/rank-address``), set only while the pod is that pod (UID) at that attempt: the
-    rendezvous numbers its agents in the sort order of these names (``topology.rank_addresses``)."""
-
-    name: str
-    uid: str
-    attempt: int
-    address: str
-
-
-@dataclass(frozen=True)
 class Event:
     """A Kubernetes Event to record on the TrainingJob."""
 
@@ -59,13 +34,15 @@ class Event:
 
 @dataclass(frozen=True)
 class Actions:
-    """Deletions, moves, Events and requeue delays, in the order they were decided."""
+    """Deletions, Events, requeue delays and pod patches, in the order they were decided: ``move``
+    moves kept pods to a new attempt and promotes spares, ``address`` gives workers their rank
+    addresses (sent after the objects, so the names resolve first)."""
 
     delete: tuple[Deletion, ...] = ()
     events: tuple[Event, ...] = ()
     requeue: tuple[float, ...] = ()
-    move: tuple[Move, ...] = ()
-    address: tuple[Address, ...] = ()
+    move: tuple[PodPatch, ...] = ()
+    address: tuple[PodPatch, ...] = ()
 
     def __add__(self, other: Actions) -> Actions:
         return Actions(

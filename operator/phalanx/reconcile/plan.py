@@ -19,11 +19,12 @@ from typing import Any, Literal
 
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming, slots
-from phalanx.reconcile.actions import NOTHING, Address, Deletion, Event, Move
+from phalanx.reconcile.actions import NOTHING, Deletion, Event
 from phalanx.reconcile.decide import decide
 from phalanx.reconcile.decision import Context, Decision, Memory, concluded, finish
 from phalanx.reconcile.goodput import time_by_state
 from phalanx.reconcile.observed import Observed
+from phalanx.reconcile.pod_patches import PodPatch
 from phalanx.reconcile.status import TRAINING, PhaseView, conditions, format_time, parse_time
 from phalanx.reconcile.training_progress import training_progress
 
@@ -36,8 +37,8 @@ class Plan:
 
     apply: tuple[Object, ...] = ()
     delete: tuple[Deletion, ...] = ()
-    move: tuple[Move, ...] = ()
-    address: tuple[Address, ...] = ()
+    move: tuple[PodPatch, ...] = ()
+    address: tuple[PodPatch, ...] = ()
     status: dict[str, Any] = field(default_factory=dict)
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
@@ -48,7 +49,7 @@ class Plan:
     def promotes(self) -> bool:
         """Whether the plan promotes a spare: its status write, which records the slot claim
         (``slots``), must go first and pass its resourceVersion precondition, changed or not."""
-        return any(move.index is not None for move in self.move)
+        return any(move.promotes_slot is not None for move in self.move)
 
     @property
     def changes_children(self) -> bool:
@@ -68,7 +69,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     still_active = [pod for pod in attempt_workers if pod.active and pod.name not in deleted]
     ready = sum(1 for pod in still_active if pod.ready)
     wanted = job.spec.workers.desired
-    leaving = deleted | {move.name for move in decision.actions.move if move.index is not None}  # promoted
+    leaving = deleted | {move.name for move in decision.actions.move if move.promotes_slot is not None}  # promoted
     spares_ready = sum(
         1 for pod in observed.spares() if pod.active and pod.phase == "Running" and pod.name not in leaving
     )

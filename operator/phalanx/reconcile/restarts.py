@@ -21,8 +21,8 @@ from dataclasses import replace
 from datetime import timedelta
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import naming, spares
-from phalanx.reconcile.actions import NOTHING, Actions, Move, event, requeue
+from phalanx.reconcile import naming, pod_patches, spares
+from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
 from phalanx.reconcile.decision import Avoidance, Context, Memory, Step, finish
 from phalanx.reconcile.failures import Failure, classify
 from phalanx.reconcile.observed import PodRecord
@@ -297,7 +297,9 @@ def gang_restart(
 def moving(context: Context, pods: list[PodRecord], attempt: int) -> Actions:
     """Move pods a gang restart keeps to ``attempt``, with its rendezvous id."""
     rendezvous_id = naming.rendezvous_id(context.job.metadata.uid, attempt)
-    return Actions(move=tuple(Move(pod.name, pod.uid, pod.attempt or 0, attempt, rendezvous_id) for pod in pods))
+    return Actions(
+        move=tuple(pod_patches.move(pod.name, pod.uid, pod.attempt or 0, attempt, rendezvous_id) for pod in pods)
+    )
 
 
 def gang_cause(

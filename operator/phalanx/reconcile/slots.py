@@ -37,9 +37,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from phalanx.reconcile import naming
-from phalanx.reconcile.actions import NOTHING, Actions, Move, event
+from phalanx.reconcile.actions import NOTHING, Actions, event
 from phalanx.reconcile.decision import Context, Memory, SlotClaim
 from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.pod_patches import PodPatch
 from phalanx.reconcile.status import EARLIEST
 
 DUPLICATE_WORKER = "DuplicateWorker"
@@ -79,12 +80,12 @@ def pending(context: Context, memory: Memory) -> dict[int, PodRecord]:
     }
 
 
-def recorded(memory: Memory, moves: Iterable[Move]) -> list[dict[str, Any]] | None:
+def recorded(memory: Memory, moves: Iterable[PodPatch]) -> list[dict[str, Any]] | None:
     """``status.slotClaims``: the claims of the attempt, and one for each spare promoted by ``moves``."""
     claims = {claim.index: claim for claim in memory.claims if claim.attempt == memory.attempt}
     for move in moves:
-        if move.index is not None and move.to_attempt == memory.attempt:
-            claims[move.index] = SlotClaim(move.index, move.name, move.uid, move.to_attempt)
+        if move.promotes_slot is not None and move.attempt == memory.attempt:
+            claims[move.promotes_slot] = SlotClaim(move.promotes_slot, move.name, move.uid, move.attempt)
     return [
         {"index": claim.index, "pod": claim.pod, "uid": claim.uid, "attempt": claim.attempt}
         for _, claim in sorted(claims.items())

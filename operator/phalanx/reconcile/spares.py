@@ -2,8 +2,8 @@
 spares to create, record as failed or remove.
 
 A spare is a worker pod without a slot (``phalanx.dev/role: spare``) whose supervisor has done its
-imports and waits. One JSON patch promotes it (role, slot, attempt, rendezvous id; a ``Move`` with
-an index), after the status write that claims the slot for it (``slots``), and the kubelet hands
+imports and waits. One JSON patch promotes it (role, slot, attempt, rendezvous id;
+``pod_patches.promotion``), after the status write that claims the slot for it (``slots``), and the kubelet hands
 the new labels to the supervisor, which starts the command.
 Workers lost while min survive make the world re-form in place as a new attempt, ready spares
 taking the lost slots below ``workers.desired`` in that pass (``restarts.reform_in_place``; a slot
@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.reconcile import desired, naming, slots
-from phalanx.reconcile.actions import NOTHING, Actions, Move, event
+from phalanx.reconcile import desired, naming, pod_patches, slots
+from phalanx.reconcile.actions import NOTHING, Actions, event
 from phalanx.reconcile.decision import Context, Memory
 from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.failures import Failure, classify
@@ -84,7 +84,7 @@ def waiting_slots(memory: Memory, current: Sequence[PodRecord], wanted: int) -> 
 def promoting(context: Context, spare: PodRecord, index: int, attempt: int) -> Actions:
     """Move ``spare`` into slot ``index`` of ``attempt``, and say so."""
     rendezvous_id = naming.rendezvous_id(context.job.metadata.uid, attempt)
-    move = Move(spare.name, spare.uid, spare.attempt or 0, attempt, rendezvous_id, index=index)
+    move = pod_patches.promotion(spare.name, spare.uid, spare.attempt or 0, attempt, rendezvous_id, index)
     return Actions(move=(move,)) + event(
         "Normal", "SparePromoted", f"spare {spare.name} takes worker slot {index} (attempt {attempt})"
     )

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import capacity, desired, naming
-from phalanx.reconcile.actions import NOTHING, Actions, Address, Deletion
+from phalanx.reconcile import capacity, desired, naming, pod_patches
+from phalanx.reconcile.actions import NOTHING, Actions, Deletion
 from phalanx.reconcile.decision import Context, Memory
 from phalanx.reconcile.desired import Object
 from phalanx.reconcile.environment import Launch
@@ -286,7 +286,7 @@ def rank_addresses(
         family = family or desired.address_family(pod.pod_ip)
         address = f"{host}.{service}.{job.metadata.namespace}.svc"
         if pod.rank_address != address:
-            actions += Actions(address=(Address(pod.name, pod.uid, memory.attempt, address),))
+            actions += Actions(address=(pod_patches.rank_address(pod.name, pod.uid, memory.attempt, address),))
     kind = child_kind(desired.ENDPOINT_SLICE_API, "EndpointSlice")
     existing = {
         shard: name
