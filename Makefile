@@ -8,7 +8,7 @@ CACHE ?= $(or $(PHALANX_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/phalan
 WHEELS := $(CACHE)/wheels
 TORCH ?= torch==2.13.0
 
-.PHONY: venv torch binaries first-binaries quickstart-binaries packages images quickstart-images up down lint typecheck unit integration e2e test crd clean
+.PHONY: venv torch binaries first-binaries quickstart-binaries packages images quickstart-images up down fmt lint typecheck unit integration e2e test crd clean
 
 $(BIN)/phalanx: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,9 +72,15 @@ up:  ## local cluster + operator + the CPU example training (or the cluster in $
 down:  ## stop everything `make up` started
 	$(BIN)/python -m tests.cluster.quickstart down
 
-lint: venv
+fmt: venv  ## format, then fix what ruff can fix by itself
+	$(BIN)/ruff format operator tests
+	$(BIN)/ruff check --fix operator tests
+
+# lint-imports checks the layer contracts of pyproject.toml against this checkout's operator/.
+lint: venv  ## ruff's lint and format check, and the import-linter contracts
 	$(BIN)/ruff check operator tests
 	$(BIN)/ruff format --check operator tests
+	PYTHONPATH=operator $(BIN)/lint-imports
 
 typecheck: torch
 	$(BIN)/mypy
