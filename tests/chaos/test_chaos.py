@@ -5,7 +5,7 @@ brown out, and tenants act hostile (each kind once). Its busy variant runs fewer
 whose GPUs other tenants' pods mostly hold, on uneven racks, with gangs that must run in one rack,
 cordons, and 30 silent tenants whose metrics endpoints never answer.
 
-The long version is a benchmark: ``python -m tests.benchmarks.bench_chaos`` (README: figures).
+The long version is a benchmark: ``python -m tests.benchmarks.bench_chaos`` (docs/benchmarks.md).
 """
 
 from __future__ import annotations

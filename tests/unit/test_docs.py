@@ -13,10 +13,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
 README_MAX_LINES = 200
 
-# docs/settings.md is written by another part of issue 33 at the same time.
-# <!-- i33: verify after merge --> then drop it from here.
-PENDING = {ROOT / "docs" / "settings.md"}
-
 LINK = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -68,8 +64,6 @@ def test_relative_links_and_anchors_resolve(doc: Path) -> None:
             continue
         file_part, _, anchor = target.partition("#")
         linked = (doc.parent / file_part).resolve() if file_part else doc
-        if linked in PENDING:
-            continue
         if not linked.exists():
             broken.append(f"{target}: no such file")
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
