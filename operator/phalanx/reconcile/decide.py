@@ -43,7 +43,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import creation, desired, naming, restarts, slots, spares, topology
 from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
 from phalanx.reconcile.creation import Wanted
-from phalanx.reconcile.decision import Context, Decision, Memory, Step, concluded, finish, wind_down
+from phalanx.reconcile.pass_values import Context, Decision, Memory, Step, concluded, finish, wind_down
 from phalanx.reconcile.desired import Object
 from phalanx.reconcile.environment import Launch, resolve_launch
 from phalanx.reconcile.errors import PlanningError

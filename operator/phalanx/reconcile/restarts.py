@@ -23,7 +23,7 @@ from datetime import timedelta
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming, spares
 from phalanx.reconcile.actions import NOTHING, Actions, Move, event, requeue
-from phalanx.reconcile.decision import Avoidance, Context, Memory, Step, finish
+from phalanx.reconcile.pass_values import Avoidance, Context, Memory, Step, finish
 from phalanx.reconcile.failures import Failure, classify
 from phalanx.reconcile.observed import PodRecord
 from phalanx.reconcile.status import PhaseView, format_time, parse_time

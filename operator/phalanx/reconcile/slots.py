@@ -38,7 +38,7 @@ from typing import Any
 
 from phalanx.reconcile import naming
 from phalanx.reconcile.actions import NOTHING, Actions, Move, event
-from phalanx.reconcile.decision import Context, Memory, SlotClaim
+from phalanx.reconcile.pass_values import Context, Memory, SlotClaim
 from phalanx.reconcile.observed import PodRecord
 
 DUPLICATE_WORKER = "DuplicateWorker"
