@@ -11,9 +11,9 @@ from typing import Any, Literal
 
 from phalanx.reconcile import capacity, desired, naming, spares
 from phalanx.reconcile.actions import Actions, event
-from phalanx.reconcile.pass_values import Context, Memory, Stall, Step
 from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.pass_values import Context, Memory, Stall, Step
 from phalanx.reconcile.status import TRAINING, PhaseView, format_time
 
 Object = dict[str, Any]

@@ -21,9 +21,9 @@ from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming, slots
 from phalanx.reconcile.actions import NOTHING, Address, Deletion, Event, Move
 from phalanx.reconcile.decide import decide
-from phalanx.reconcile.pass_values import Context, Decision, Memory, concluded, finish
 from phalanx.reconcile.goodput import time_by_state
 from phalanx.reconcile.observed import Observed
+from phalanx.reconcile.pass_values import Context, Decision, Memory, concluded, finish
 from phalanx.reconcile.status import TRAINING, PhaseView, conditions, format_time, parse_time
 from phalanx.reconcile.training_progress import training_progress
 

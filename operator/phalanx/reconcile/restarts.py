@@ -23,9 +23,9 @@ from datetime import timedelta
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming, spares
 from phalanx.reconcile.actions import NOTHING, Actions, Move, event, requeue
-from phalanx.reconcile.pass_values import Avoidance, Context, Memory, Step, finish
 from phalanx.reconcile.failures import Failure, classify
 from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.pass_values import Avoidance, Context, Memory, Step, finish
 from phalanx.reconcile.status import PhaseView, format_time, parse_time
 
 AVOIDANCE_MESSAGE = 256

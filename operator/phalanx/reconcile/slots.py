@@ -38,8 +38,8 @@ from typing import Any
 
 from phalanx.reconcile import naming
 from phalanx.reconcile.actions import NOTHING, Actions, Move, event
-from phalanx.reconcile.pass_values import Context, Memory, SlotClaim
 from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.pass_values import Context, Memory, SlotClaim
 
 DUPLICATE_WORKER = "DuplicateWorker"
 

@@ -30,10 +30,10 @@ from typing import Any
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import capacity, desired, naming
 from phalanx.reconcile.actions import NOTHING, Actions, Address, Deletion
-from phalanx.reconcile.pass_values import Context, Memory
 from phalanx.reconcile.desired import Object
 from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.observed import PodRecord, child_kind
+from phalanx.reconcile.pass_values import Context, Memory
 from phalanx.reconcile.status import parse_time
 
 OPERATOR_PLACED = ("none", "scheduler-plugins")
