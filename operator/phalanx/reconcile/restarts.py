@@ -26,7 +26,7 @@ from phalanx.reconcile.actions import NOTHING, Actions, Move, event, requeue
 from phalanx.reconcile.failures import Failure, classify
 from phalanx.reconcile.observed import PodRecord
 from phalanx.reconcile.pass_values import Avoidance, Context, Memory, Step, finish
-from phalanx.reconcile.status import PhaseView, format_time, parse_time
+from phalanx.reconcile.status import PhaseView, format_time, parse_time, stored_time
 
 AVOIDANCE_MESSAGE = 256
 """Characters of the failure kept with an avoided node in status (the Event has it whole)."""
@@ -171,7 +171,7 @@ def avoid_nodes(context: Context, memory: Memory, failures: list[tuple[PodRecord
     actions = NOTHING
     if not seconds:
         return memory, actions
-    until = format_time(context.now + timedelta(seconds=seconds))
+    until = stored_time(context.now + timedelta(seconds=seconds))
     for pod, failure in failures:
         node = pod.node_name
         if failure.node_fault is None or not node:
@@ -180,7 +180,8 @@ def avoid_nodes(context: Context, memory: Memory, failures: list[tuple[PodRecord
             actions += event(
                 "Warning",
                 "AvoidingNode",
-                f"this job's new pods keep off node {node} until {until} ({failure.node_fault}): {failure.message}",
+                f"this job's new pods keep off node {node} until {format_time(until)} "
+                f"({failure.node_fault}): {failure.message}",
             )
         memory = memory.avoiding(Avoidance(node, failure.node_fault, failure.message[:AVOIDANCE_MESSAGE], until))
     return memory, actions
@@ -268,7 +269,7 @@ def gang_restart(
     memory = replace(
         memory,
         attempt=memory.attempt + 1,
-        restart_not_before=format_time(context.now + timedelta(seconds=wait)) if wait else None,
+        restart_not_before=stored_time(context.now + timedelta(seconds=wait)) if wait else None,
     )
     # healthy pods stay and their supervisors restart the processes once moved to the new attempt:
     # at once when nothing is waited for (no backoff, no old store to see go), else by ``decide``

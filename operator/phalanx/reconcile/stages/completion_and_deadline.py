@@ -10,7 +10,6 @@ from phalanx.reconcile.actions import requeue
 from phalanx.reconcile.observed import PodRecord
 from phalanx.reconcile.pass_values import Context, Decision, Memory, Step, concluded, finish
 from phalanx.reconcile.stages.draft import Draft
-from phalanx.reconcile.status import parse_time
 
 
 def completion_and_deadline(draft: Draft) -> Draft | Decision:
@@ -47,7 +46,7 @@ def completion(context: Context, memory: Memory, current: Sequence[PodRecord]) -
 
 def active_deadline(context: Context, memory: Memory) -> Step:
     """activeDeadlineSeconds, counted from the start of training (``startTime``)."""
-    started = parse_time(memory.start_time)
+    started = memory.start_time
     deadline = context.spec.active_deadline_seconds
     if deadline is None or started is None:
         return Step(memory)

@@ -7,7 +7,7 @@ from datetime import timedelta
 from phalanx.reconcile.actions import requeue
 from phalanx.reconcile.pass_values import Context, Decision, Memory, wind_down
 from phalanx.reconcile.stages.draft import Draft
-from phalanx.reconcile.status import TERMINAL, PhaseView, parse_time
+from phalanx.reconcile.status import TERMINAL, PhaseView
 
 
 def finished(draft: Draft) -> Draft | Decision:
@@ -20,7 +20,7 @@ def finished(draft: Draft) -> Draft | Decision:
 def after_finish(context: Context, memory: Memory) -> Decision:
     """A finished job: stop what still runs, and delete the job when its TTL has passed."""
     previous = context.job.status
-    completed = parse_time(previous.completion_time)
+    completed = memory.completion_time
     if previous.phase == "Succeeded" and completed is not None:
         actions = wind_down(context, completed)
     else:

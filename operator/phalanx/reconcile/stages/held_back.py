@@ -14,7 +14,7 @@ from phalanx.reconcile.observed import PodRecord, child_kind
 from phalanx.reconcile.pass_values import Context, Decision
 from phalanx.reconcile.restarts import gang_restart, kueue_group_resized
 from phalanx.reconcile.stages.draft import Draft
-from phalanx.reconcile.status import PhaseView, parse_time
+from phalanx.reconcile.status import PhaseView, format_time
 
 
 def held_back(draft: Draft) -> Draft | Decision:
@@ -26,11 +26,11 @@ def held_back(draft: Draft) -> Draft | Decision:
     if store_pod is not None and (store_pod.deleting or memory.already_counted(store_pod)):
         # Workers that dialled the old store would lose it again as it goes.
         return held(draft, PhaseView("Restarting", "GangRestart", "waiting for the old rendezvous store to stop"))
-    not_before = parse_time(memory.restart_not_before)
+    not_before = memory.restart_not_before
     if not_before is not None and not_before > context.now:
         return held(
             draft,
-            PhaseView("Restarting", "Backoff", f"attempt {memory.attempt} starts at {memory.restart_not_before}"),
+            PhaseView("Restarting", "Backoff", f"attempt {memory.attempt} starts at {format_time(not_before)}"),
             more=requeue((not_before - context.now).total_seconds()),
         )
     if draft.moving:

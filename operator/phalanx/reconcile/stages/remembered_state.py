@@ -7,7 +7,6 @@ from dataclasses import replace
 from phalanx.reconcile.actions import requeue
 from phalanx.reconcile.pass_values import Decision
 from phalanx.reconcile.stages.draft import Draft
-from phalanx.reconcile.status import parse_time
 
 
 def remembered_state(draft: Draft) -> Draft | Decision:
@@ -17,6 +16,6 @@ def remembered_state(draft: Draft) -> Draft | Decision:
     memory = draft.memory.avoiding_until(context.now).resumed(context.observed.progress)
     actions = draft.actions
     if memory.avoided:  # status drops the node when its time is up
-        ends = min(parse_time(entry.until) or context.now for entry in memory.avoided)
+        ends = min(entry.until for entry in memory.avoided)
         actions += requeue(max(0.0, (ends - context.now).total_seconds()))
     return replace(draft, memory=memory, actions=actions)
