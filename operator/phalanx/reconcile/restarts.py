@@ -58,7 +58,7 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
         store_gone = False
     # A store this job never had is not lost: its creation was refused, or its name is still held
     # by another owner's pod (a deleted predecessor's store, terminating). Workers wait for the
-    # store (decide_active), but an older operator created both in one pass.
+    # store (``stages.desired_objects``), but an older operator created both in one pass.
     store_key = ("Pod", naming.rendezvous_name(context.job.metadata.name))
     never_created = store is None and (store_key in observed.refusals or store_key in observed.foreign)
     store_lost = bool(current) and store_gone and not never_created
@@ -272,7 +272,7 @@ def gang_restart(
         restart_not_before=stored_time(context.now + timedelta(seconds=wait)) if wait else None,
     )
     # healthy pods stay and their supervisors restart the processes once moved to the new attempt:
-    # at once when nothing is waited for (no backoff, no old store to see go), else by ``decide``
+    # at once when nothing is waited for (no backoff, no old store to see go), else by ``stages.held_back``
     kept = [pod for pod in current if context.keeps(pod, memory)]
     actions = context.removing([pod for pod in current if pod not in kept])
     if kept and not wait and not store_lost:
