@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from phalanx.reconcile import naming
-from phalanx.reconcile.decide import NODE_CAPACITY_STAMP_SECONDS
 from phalanx.reconcile.observed import NodeLoss, QueuedWorkload
 from phalanx.reconcile.restarts import backoff_seconds
+from phalanx.reconcile.stages.job_objects import NODE_CAPACITY_STAMP_SECONDS
 from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job, manifest
 from tests.unit.simulation import World

@@ -11,10 +11,10 @@ from typing import Any, Literal
 
 from phalanx.reconcile import capacity, desired, naming, spares
 from phalanx.reconcile.actions import Actions, event
-from phalanx.reconcile.decision import Context, Memory, Stall, Step
 from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.observed import PodRecord
-from phalanx.reconcile.status import TRAINING, PhaseView, format_time
+from phalanx.reconcile.pass_values import Context, Memory, Stall, Step
+from phalanx.reconcile.status import TRAINING, PhaseView, format_time, stored_time
 
 Object = dict[str, Any]
 
@@ -123,7 +123,7 @@ def progress_phase(context: Context, memory: Memory, current: list[PodRecord], s
         )
     if len(ready) >= minimum and store is not None and store.ready:
         if memory.start_time is None:
-            memory = replace(memory, start_time=format_time(context.now))
+            memory = replace(memory, start_time=stored_time(context.now))
         if len(active) == wanted and len(ready) == wanted:
             return Step(memory, view=PhaseView("Running", "WorkersReady", f"{len(ready)} worker(s) training"))
         return Step(
@@ -184,7 +184,7 @@ def kept_off(context: Context, step: Step, per_worker: Mapping[str, Decimal]) ->
     if view is None or not avoided:
         return step
     names = ", ".join(f"{entry.node} ({entry.reason})" for entry in avoided)
-    ends = min(entry.until for entry in avoided)
+    ends = format_time(min(entry.until for entry in avoided))
     note = f"this job keeps off {len(avoided)} node(s) after failures until {ends} at the earliest: {names}"
     nodes = context.observed.node_allocatable
     minimum = context.spec.workers.min

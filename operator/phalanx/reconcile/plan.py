@@ -21,11 +21,11 @@ from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming, slots
 from phalanx.reconcile.actions import NOTHING, Deletion, Event
 from phalanx.reconcile.decide import decide
-from phalanx.reconcile.decision import Context, Decision, Memory, concluded, finish
 from phalanx.reconcile.goodput import time_by_state
 from phalanx.reconcile.observed import Observed
+from phalanx.reconcile.pass_values import Context, Decision, Memory, concluded, finish
 from phalanx.reconcile.pod_patches import PodPatch
-from phalanx.reconcile.status import TRAINING, PhaseView, conditions, format_time, parse_time
+from phalanx.reconcile.status import TRAINING, PhaseView, conditions, format_optional_time, format_time, parse_time
 from phalanx.reconcile.training_progress import training_progress
 
 Object = dict[str, Any]
@@ -120,7 +120,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         status["recomputedSteps"] = {
             "total": memory.recomputed,
             "reached": memory.reached,
-            "failedAt": memory.failed_at,
+            "failedAt": format_optional_time(memory.failed_at),
         }
     # a job an older operator ran begins to be counted now: its earlier time is not known by state
     began = job.metadata.creation_timestamp if previous.phase is None else None
@@ -140,14 +140,14 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         status["progress"] = progress
     if decision.restart_mode is not None:
         status["restartMode"] = decision.restart_mode
-    status["startTime"] = memory.start_time
-    status["completionTime"] = memory.completion_time
-    status["restartNotBefore"] = memory.restart_not_before
+    status["startTime"] = format_optional_time(memory.start_time)
+    status["completionTime"] = format_optional_time(memory.completion_time)
+    status["restartNotBefore"] = format_optional_time(memory.restart_not_before)
     topology = job.spec.placement.topology if job.spec.placement else None
     status["placement"] = {"key": topology.key, "domain": memory.domain} if topology is not None else None
     status["slotClaims"] = slots.recorded(memory, decision.actions.move)
     status["avoidedNodes"] = [
-        {"node": entry.node, "reason": entry.reason, "message": entry.message, "until": entry.until}
+        {"node": entry.node, "reason": entry.reason, "message": entry.message, "until": format_time(entry.until)}
         for entry in memory.avoided
     ] or None
     requeue = [*decision.actions.requeue, *([progress_due] if progress_due is not None else [])]

@@ -23,10 +23,10 @@ from datetime import timedelta
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import naming, pod_patches, spares
 from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
-from phalanx.reconcile.decision import Avoidance, Context, Memory, Step, finish
 from phalanx.reconcile.failures import Failure, classify
 from phalanx.reconcile.observed import PodRecord
-from phalanx.reconcile.status import PhaseView, format_time, parse_time
+from phalanx.reconcile.pass_values import Avoidance, Context, Memory, Step, finish
+from phalanx.reconcile.status import PhaseView, format_time, parse_time, stored_time
 
 AVOIDANCE_MESSAGE = 256
 """Characters of the failure kept with an avoided node in status (the Event has it whole)."""
@@ -58,7 +58,7 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
         store_gone = False
     # A store this job never had is not lost: its creation was refused, or its name is still held
     # by another owner's pod (a deleted predecessor's store, terminating). Workers wait for the
-    # store (decide_active), but an older operator created both in one pass.
+    # store (``stages.desired_objects``), but an older operator created both in one pass.
     store_key = ("Pod", naming.rendezvous_name(context.job.metadata.name))
     never_created = store is None and (store_key in observed.refusals or store_key in observed.foreign)
     store_lost = bool(current) and store_gone and not never_created
@@ -171,7 +171,7 @@ def avoid_nodes(context: Context, memory: Memory, failures: list[tuple[PodRecord
     actions = NOTHING
     if not seconds:
         return memory, actions
-    until = format_time(context.now + timedelta(seconds=seconds))
+    until = stored_time(context.now + timedelta(seconds=seconds))
     for pod, failure in failures:
         node = pod.node_name
         if failure.node_fault is None or not node:
@@ -180,7 +180,8 @@ def avoid_nodes(context: Context, memory: Memory, failures: list[tuple[PodRecord
             actions += event(
                 "Warning",
                 "AvoidingNode",
-                f"this job's new pods keep off node {node} until {until} ({failure.node_fault}): {failure.message}",
+                f"this job's new pods keep off node {node} until {format_time(until)} "
+                f"({failure.node_fault}): {failure.message}",
             )
         memory = memory.avoiding(Avoidance(node, failure.node_fault, failure.message[:AVOIDANCE_MESSAGE], until))
     return memory, actions
@@ -268,10 +269,10 @@ def gang_restart(
     memory = replace(
         memory,
         attempt=memory.attempt + 1,
-        restart_not_before=format_time(context.now + timedelta(seconds=wait)) if wait else None,
+        restart_not_before=stored_time(context.now + timedelta(seconds=wait)) if wait else None,
     )
     # healthy pods stay and their supervisors restart the processes once moved to the new attempt:
-    # at once when nothing is waited for (no backoff, no old store to see go), else by ``decide``
+    # at once when nothing is waited for (no backoff, no old store to see go), else by ``stages.held_back``
     kept = [pod for pod in current if context.keeps(pod, memory)]
     actions = context.removing([pod for pod in current if pod not in kept])
     if kept and not wait and not store_lost:

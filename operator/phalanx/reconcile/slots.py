@@ -38,8 +38,8 @@ from typing import Any
 
 from phalanx.reconcile import naming
 from phalanx.reconcile.actions import NOTHING, Actions, event
-from phalanx.reconcile.decision import Context, Memory, SlotClaim
 from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.pass_values import Context, Memory, SlotClaim
 from phalanx.reconcile.pod_patches import PodPatch
 from phalanx.reconcile.status import EARLIEST
 

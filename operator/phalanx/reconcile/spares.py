@@ -33,10 +33,10 @@ from typing import Any
 
 from phalanx.reconcile import desired, naming, pod_patches, slots
 from phalanx.reconcile.actions import NOTHING, Actions, event
-from phalanx.reconcile.decision import Context, Memory
 from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.failures import Failure, classify
 from phalanx.reconcile.observed import PodRecord
+from phalanx.reconcile.pass_values import Context, Memory
 
 Object = dict[str, Any]
 SPARE_FAILED = "SpareFailed"

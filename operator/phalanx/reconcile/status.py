@@ -30,6 +30,17 @@ def format_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def format_optional_time(moment: datetime | None) -> str | None:
+    """``format_time``, and None for no moment (a status field left empty)."""
+    return format_time(moment) if moment is not None else None
+
+
+def stored_time(moment: datetime) -> datetime:
+    """The moment as status keeps it (``format_time``'s precision: UTC, whole seconds), so that
+    what a pass remembers compares as it will when read back from status."""
+    return moment.astimezone(UTC).replace(microsecond=0)
+
+
 def parse_time(text: str | None) -> datetime | None:
     """Parse an RFC 3339 timestamp written by the API server or by us."""
     if not text:

@@ -30,10 +30,10 @@ from typing import Any
 from phalanx.api import v1alpha1 as api
 from phalanx.reconcile import capacity, desired, naming, pod_patches
 from phalanx.reconcile.actions import NOTHING, Actions, Deletion
-from phalanx.reconcile.decision import Context, Memory
 from phalanx.reconcile.desired import Object
 from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.observed import PodRecord, child_kind
+from phalanx.reconcile.pass_values import Context, Memory
 
 OPERATOR_PLACED = ("none", "scheduler-plugins")
 """Gang schedulers under which the operator chooses the domain itself."""

@@ -13,7 +13,7 @@ from phalanx.api import v1alpha1 as api
 from phalanx.reconcile.actions import NOTHING, Actions, Deletion, event, requeue
 from phalanx.reconcile.failures import Failure
 from phalanx.reconcile.observed import Observed, PodRecord, WorkerProgress
-from phalanx.reconcile.status import PhaseView, format_time, parse_time
+from phalanx.reconcile.status import PhaseView, parse_time, stored_time
 
 Object = dict[str, Any]
 Stall = tuple[str, str]
@@ -28,7 +28,7 @@ class Avoidance:
     node: str
     reason: str
     message: str
-    until: str
+    until: datetime
 
 
 @dataclass(frozen=True)
@@ -44,21 +44,22 @@ class SlotClaim:
 
 @dataclass(frozen=True)
 class Memory:
-    """The part of status that carries over between passes."""
+    """The part of status that carries over between passes; its times are parsed once, here
+    (``of``), and formatted only where status is rendered (``plan``)."""
 
     attempt: int
     restarts: int
     by_reason: tuple[tuple[str, int], ...]
     counted: frozenset[str]
-    start_time: str | None
-    completion_time: str | None
-    restart_not_before: str | None
+    start_time: datetime | None
+    completion_time: datetime | None
+    restart_not_before: datetime | None
     avoided: tuple[Avoidance, ...] = ()
     recomputed: int = 0
     """Steps computed again after restarts (status.recomputedSteps.total)."""
     reached: int | None = None
     """The step the job had reached when a restart was decided, until its new run reports."""
-    failed_at: str | None = None
+    failed_at: datetime | None = None
     domain: str | None = None
     """The topology domain the workers are placed in (status.placement.domain; ``topology.place``)."""
     removed: frozenset[str] = frozenset()
@@ -73,15 +74,17 @@ class Memory:
             restarts=status.restarts,
             by_reason=tuple(sorted((status.restarts_by_reason or {}).items())),
             counted=frozenset(status.counted_failures or ()),
-            start_time=status.start_time,
-            completion_time=status.completion_time,
-            restart_not_before=status.restart_not_before,
+            start_time=parse_time(status.start_time),
+            completion_time=parse_time(status.completion_time),
+            restart_not_before=parse_time(status.restart_not_before),
             avoided=tuple(
-                Avoidance(entry.node, entry.reason, entry.message, entry.until) for entry in status.avoided_nodes or ()
+                Avoidance(entry.node, entry.reason, entry.message, until)
+                for entry in status.avoided_nodes or ()
+                if (until := parse_time(entry.until)) is not None
             ),
             recomputed=status.recomputed_steps.total if status.recomputed_steps else 0,
             reached=status.recomputed_steps.reached if status.recomputed_steps else None,
-            failed_at=status.recomputed_steps.failed_at if status.recomputed_steps else None,
+            failed_at=parse_time(status.recomputed_steps.failed_at) if status.recomputed_steps else None,
             domain=status.placement.domain if status.placement else None,
             removed=frozenset(status.removed_workers or ()),
             claims=tuple(
@@ -118,15 +121,14 @@ class Memory:
         reported keeps the first's step: the new run resumes behind both."""
         if self.reached is not None or progress is None or progress.step is None:
             return self
-        return replace(self, reached=progress.step, failed_at=format_time(now))
+        return replace(self, reached=progress.step, failed_at=stored_time(now))
 
     def resumed(self, progress: WorkerProgress | None) -> Memory:
         """The first run that began after the restart reports: its steps from where it resumed to
         the step reached are computed again, and counted once."""
         if self.reached is None or progress is None or progress.run_started is None or progress.resumed_step is None:
             return self
-        failed_at = parse_time(self.failed_at)
-        if failed_at is not None and progress.run_started <= failed_at:
+        if self.failed_at is not None and progress.run_started <= self.failed_at:
             return self  # the run that failed, or an older one
         lost = max(0, self.reached - progress.resumed_step)
         return replace(self, recomputed=self.recomputed + lost, reached=None, failed_at=None)
@@ -144,7 +146,7 @@ class Memory:
 
     def avoiding_until(self, now: datetime) -> Memory:
         """Without the nodes whose time has passed."""
-        moment = format_time(now)
+        moment = stored_time(now)  # as the string comparison it replaces: whole seconds
         return replace(self, avoided=tuple(entry for entry in self.avoided if entry.until > moment))
 
 
@@ -267,7 +269,7 @@ def finish(context: Context, memory: Memory, phase: Literal["Succeeded", "Failed
     # a restart whose run never comes recomputes nothing
     memory = replace(
         memory,
-        completion_time=format_time(context.now),
+        completion_time=stored_time(context.now),
         restart_not_before=None,
         reached=None,
         failed_at=None,

@@ -1,0 +1,1 @@
+"""The stages of one planning pass, one module each, run in order by ``decide.STAGES``."""
