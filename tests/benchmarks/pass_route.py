@@ -21,7 +21,7 @@ from typing import Any
 from phalanx.reconcile.plan import plan
 from tests.benchmarks.harness import commit
 from tests.unit.jobs import job
-from tests.unit.simulation import World
+from tests.unit.simulation import World, running
 
 
 def phalanx_module(frame: FrameType) -> str | None:
@@ -61,12 +61,7 @@ def traced_pass(world: World) -> tuple[list[str], int]:
 
 
 def route() -> dict[str, Any]:
-    world = World(job())
-    world.settle()
-    world.run()
-    world.reconcile()
-    assert world.status["phase"] == "Running", world.status["phase"]
-    trail, deepest = traced_pass(world)
+    trail, deepest = traced_pass(running(World(job())))
     changes = [module for previous, module in itertools.pairwise(trail) if module != previous]
     seen = set(trail[:1])
     returns = 0

@@ -349,3 +349,12 @@ class World:
     def delete_pod(self, name: str) -> None:
         """Someone deleted the pod outright (kubectl delete pod --force)."""
         self.pods.pop(name, None)
+
+
+def running(world: World) -> World:
+    """The world with the job's store and workers created and running, the job Running."""
+    world.settle()
+    world.run()
+    world.reconcile()
+    assert world.status["phase"] == "Running", world.status
+    return world

@@ -19,7 +19,7 @@ from phalanx.worker.metrics import WorkerMetrics
 from tests.cluster.ports import free_port
 from tests.unit.jobs import job
 from tests.unit.local_server import serving
-from tests.unit.simulation import World
+from tests.unit.simulation import World, running
 from tests.unit.test_progress import running_job_and_worker
 from tests.unit.test_progress_hostile import worker_pod
 from tests.unit.text_page import TextPage
@@ -65,14 +65,6 @@ def test_the_step_clock_runs_from_when_the_count_last_changed() -> None:
     assert stepped is not None and stepped.steps == 1 and stepped.stepped_since == now[0]
     assert woken == [key, key]
     metrics.close()
-
-
-def running(world: World) -> World:
-    world.settle()
-    world.run()
-    world.reconcile()
-    assert world.status["phase"] == "Running"
-    return world
 
 
 def hang_job(deadline: int | None = DEADLINE, **policy: object) -> World:

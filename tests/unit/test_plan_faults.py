@@ -20,17 +20,9 @@ from phalanx.reconcile.observed import Completion, Refusal
 from phalanx.reconcile.plan import Plan, unparsable
 from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job, manifest
-from tests.unit.simulation import START, World
+from tests.unit.simulation import START, World, running
 
 QUOTA = 'pods "demo-worker-1" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=2, limited: pods=2'
-
-
-def running(world: World) -> World:
-    world.settle()
-    world.run()
-    world.reconcile()
-    assert world.status["phase"] == "Running", world.status
-    return world
 
 
 def conditions(world: World) -> dict[str, tuple[str, str]]:

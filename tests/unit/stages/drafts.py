@@ -24,12 +24,3 @@ def went_on(outcome: Draft | Decision) -> Draft:
 def decided(outcome: Draft | Decision) -> Decision:
     assert isinstance(outcome, Decision), "the pass went on"
     return outcome
-
-
-def running(world: World) -> World:
-    """The world with the job's store and workers created and running."""
-    world.settle()
-    world.run()
-    world.reconcile()
-    assert world.status["phase"] == "Running", world.status
-    return world

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from phalanx.reconcile.stages.completion_and_deadline import completion_and_deadline
 from tests.unit.jobs import job
-from tests.unit.simulation import World
-from tests.unit.stages.drafts import decided, reaching, running, went_on
+from tests.unit.simulation import World, running
+from tests.unit.stages.drafts import decided, reaching, went_on
 
 
 def test_a_worker_that_exited_0_ends_the_job_in_success() -> None:

@@ -4,8 +4,8 @@ from phalanx.reconcile import naming
 from phalanx.reconcile.creation import Wanted
 from phalanx.reconcile.stages.desired_objects import desired_objects
 from tests.unit.jobs import job
-from tests.unit.simulation import World
-from tests.unit.stages.drafts import reaching, running, went_on
+from tests.unit.simulation import World, running
+from tests.unit.stages.drafts import reaching, went_on
 
 
 def names(wanted: tuple[Wanted, ...]) -> list[str]:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from phalanx.reconcile.stages.failures_and_hangs import failures_and_hangs
 from tests.unit.jobs import job
-from tests.unit.simulation import World
-from tests.unit.stages.drafts import decided, reaching, running, went_on
+from tests.unit.simulation import World, running
+from tests.unit.stages.drafts import decided, reaching, went_on
 
 
 def test_healthy_workers_go_on_with_the_memory_as_it_was() -> None:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from phalanx.reconcile.stages.finished import finished
 from tests.unit.jobs import job
-from tests.unit.simulation import World
-from tests.unit.stages.drafts import decided, reaching, running
+from tests.unit.simulation import World, running
+from tests.unit.stages.drafts import decided, reaching
 
 
 def test_a_job_that_runs_goes_on_unchanged() -> None:

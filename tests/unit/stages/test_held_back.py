@@ -5,8 +5,8 @@ from datetime import timedelta
 from phalanx.reconcile.stages.held_back import held_back
 from phalanx.reconcile.status import format_time
 from tests.unit.jobs import job
-from tests.unit.simulation import World
-from tests.unit.stages.drafts import decided, reaching, running
+from tests.unit.simulation import World, running
+from tests.unit.stages.drafts import decided, reaching
 
 
 def test_a_running_job_is_not_held_back() -> None:

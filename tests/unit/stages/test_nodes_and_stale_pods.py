@@ -4,8 +4,8 @@ from dataclasses import replace
 
 from phalanx.reconcile.stages.nodes_and_stale_pods import nodes_and_stale_pods
 from tests.unit.jobs import job
-from tests.unit.simulation import World
-from tests.unit.stages.drafts import reaching, running, went_on
+from tests.unit.simulation import World, running
+from tests.unit.stages.drafts import reaching, went_on
 
 
 def test_the_attempts_workers_are_current_and_an_older_attempts_are_deleted() -> None:

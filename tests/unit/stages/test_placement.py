@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from phalanx.reconcile.stages.placement import placement
 from tests.unit.jobs import job
-from tests.unit.simulation import World
-from tests.unit.stages.drafts import decided, reaching, running, went_on
+from tests.unit.simulation import World, running
+from tests.unit.stages.drafts import decided, reaching, went_on
 
 
 def test_a_job_without_topology_is_placed_in_no_domain() -> None:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from phalanx.reconcile.stages.suspension import suspension
 from tests.unit.jobs import job
-from tests.unit.simulation import World
-from tests.unit.stages.drafts import decided, reaching, running, went_on
+from tests.unit.simulation import World, running
+from tests.unit.stages.drafts import decided, reaching, went_on
 
 
 def test_a_suspended_job_stops_every_pod() -> None:

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from phalanx.reconcile.stages.workers_phase import workers_phase
 from tests.unit.jobs import job
-from tests.unit.simulation import World
-from tests.unit.stages.drafts import decided, reaching, running
+from tests.unit.simulation import World, running
+from tests.unit.stages.drafts import decided, reaching
 
 
 def test_running_workers_give_the_running_phase() -> None:
