@@ -81,6 +81,11 @@ PROGRESS_SCRAPE_FAILURES = Counter(
     [*JOB, "target"],
 )
 PROGRESS_TARGETS = ("worker", "store")
+NODE_LEDGER_NODES = Gauge(
+    "phalanx_node_ledger_nodes",
+    'Nodes in the cluster-wide node ledger: "scored" (any evidence not yet decayed), "avoided" (past the threshold).',
+    ["state"],
+)
 LEADER = Gauge("phalanx_leader", "1 while this replica holds the leader Lease and reconciles; 0 while it stands by.")
 WATCH_RELISTS = Counter(
     "phalanx_watch_relists_total",
@@ -100,11 +105,13 @@ WATCH_SCOPE_SYNCED = Gauge(
 class JobTimeCollector:
     """Each job's time by state (``status.timeByState``) as of the scrape, the current state's
     running time included (``phalanx_job_state_seconds_total``, ``phalanx_job_effective_training_ratio``),
-    and its steps computed again after restarts (``phalanx_job_recomputed_steps_total``)."""
+    its steps computed again after restarts (``phalanx_job_recomputed_steps_total``) and the work
+    saving on a notice kept (``phalanx_job_notice_saved_gpu_seconds_total``)."""
 
     def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._jobs: dict[tuple[str, str], api.TimeByState] = {}
         self._recomputed: dict[tuple[str, str], int] = {}
+        self._saved: dict[tuple[str, str], int] = {}
         self._clock = clock
 
     def observe(self, key: tuple[str, str], status: Mapping[str, Any]) -> None:
@@ -114,12 +121,15 @@ class JobTimeCollector:
                 self._jobs[key] = api.TimeByState.model_validate(status["timeByState"])
             if status.get("recomputedSteps"):
                 self._recomputed[key] = api.RecomputedSteps.model_validate(status["recomputedSteps"]).total
+            if status.get("noticeSavings"):
+                self._saved[key] = api.NoticeSavings.model_validate(status["noticeSavings"]).gpu_seconds
         except pydantic.ValidationError:
             return  # written by another version: the last good one stays
 
     def forget(self, key: tuple[str, str]) -> None:
         self._jobs.pop(key, None)
         self._recomputed.pop(key, None)
+        self._saved.pop(key, None)
 
     def collect(self) -> Iterator[Metric]:
         now = self._clock()
@@ -142,11 +152,19 @@ class JobTimeCollector:
             for (state, cause), spent in sorted(seconds_by_state(counts, now).items()):
                 seconds.add_metric([namespace, name, state, cause], spent)
             ratio.add_metric([namespace, name], effective_training_ratio(counts, now))
+        saved = CounterMetricFamily(
+            "phalanx_job_notice_saved_gpu_seconds",
+            "GPU-seconds kept by the workers saving on a notice (eviction, drain, preemption) before they stopped.",
+            labels=JOB,
+        )
         for (namespace, name), total in list(self._recomputed.items()):
             recomputed.add_metric([namespace, name], total)
+        for (namespace, name), total in list(self._saved.items()):
+            saved.add_metric([namespace, name], total)
         yield seconds
         yield ratio
         yield recomputed
+        yield saved
 
 
 JOB_TIME = JobTimeCollector()

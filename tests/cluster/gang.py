@@ -277,7 +277,7 @@ class Kueue:
                 "unshare", *([] if os.geteuid() == 0 else ["--user", "--map-root-user"]), "--mount",
                 "--propagation=private", "sh", "-c", script,
                 bins["kueue"], f"--config={config_file}", f"--kubeconfig={kubeconfig}",
-                "--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2",
+                "--feature-gates=VisibilityOnDemand=false,PriorityBoost=true", "--zap-log-level=2",
             ],
         )  # fmt: skip
         self.started = True

@@ -204,7 +204,11 @@ def may(identity: Kubectl, verb: str, resource: str, namespace: str) -> bool:
         ("patch", "endpointslices.discovery.k8s.io", True),
         ("create", "resourceclaims.resource.k8s.io", False),  # the claim controller makes them
         ("watch", "workloads.kueue.x-k8s.io", True),
-        ("patch", "workloads.kueue.x-k8s.io", False),
+        # the priority boost (status.preemptionCost): a JSON patch of one annotation, never a
+        # whole-object write
+        ("patch", "workloads.kueue.x-k8s.io", True),
+        ("update", "workloads.kueue.x-k8s.io", False),
+        ("delete", "workloads.kueue.x-k8s.io", False),
     ],
 )
 def test_chart_rbac_is_least_privilege(

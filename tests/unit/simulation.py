@@ -93,6 +93,7 @@ class World:
         self.device_offers: Mapping[str, Mapping[str, Decimal]] = {}
         self.workload: QueuedWorkload | None = None  # what Kueue says about the current pod group
         self.spare_priority_class: str | None = None  # the operator's PHALANX_SPARE_PRIORITY_CLASS
+        self.ledger_avoided: frozenset[str] = frozenset()  # nodes the cluster-wide node ledger avoids
         self._uids = itertools.count(1)
         self.now = now
         self.plans: list[Plan] = []
@@ -153,6 +154,7 @@ class World:
             ),
             retry_batch=self.retry_batch,
             spare_priority_class=self.spare_priority_class,
+            ledger_avoided=self.ledger_avoided,
         )
 
     def named_allocatable(self) -> dict[str, dict[str, str]]:
@@ -203,7 +205,7 @@ class World:
                 self.pods[obj["metadata"]["name"]] = obj
             else:
                 self.objects[(child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"])] = obj
-        for patch in (*result.move, *result.address):
+        for patch in (*result.move, *result.address, *result.notices):
             self.patch_pod(patch.name, patch.body())
         for deletion in result.delete:
             if deletion.kind != "Pod":

@@ -570,3 +570,74 @@ def test_ranks_in_the_rendezvous_order_with_each_nodes_domain() -> None:
         ["1", "llama-worker-1"],
         ["2", "llama-worker-2"],
     ]
+
+
+def test_the_preemption_cost_is_shown_while_the_job_has_one() -> None:
+    assert "Preemption Cost" not in fields(render())
+    cost = {"lostSeconds": 150, "restartSeconds": 40, "gpus": 8, "workers": 1, "gpuSeconds": 1520, "boost": 2}
+    job = {**JOB, "status": {**JOB["status"], "preemptionCost": cost}}
+    assert fields(render(job))["Preemption Cost"] == (
+        "1520 GPU-seconds (150s since the checkpoint + 40s to restart), Kueue boost 2"
+    )
+    cpu = {**cost, "gpus": 0, "gpuSeconds": 0, "workerSeconds": 190}
+    del cpu["boost"]
+    job = {**JOB, "status": {**JOB["status"], "preemptionCost": cpu}}
+    assert fields(render(job))["Preemption Cost"] == "190 worker-seconds (150s since the checkpoint + 40s to restart)"
+
+
+def grouped_worker(index: int, generation: int, *, ready: bool = True) -> dict[str, Any]:
+    body = pod(f"llama-worker-{index}", index=index, attempt=1, ready=ready)
+    body["metadata"]["labels"]["phalanx.dev/replica-group"] = str(index // 2)
+    body["metadata"]["labels"]["phalanx.dev/group-generation"] = str(generation)
+    return body
+
+
+def test_replica_groups_are_listed_with_their_ready_workers_restarts_and_domain() -> None:
+    job = copy.deepcopy(JOB)
+    job["spec"]["workers"] = {"min": 2, "max": 6, "desired": 6}
+    job["spec"]["replicaGroups"] = {"size": 2, "min": 2, "topology": "example.com/rack"}
+    job["status"]["replicaGroups"] = [
+        {"index": 0, "generation": 0, "ready": True, "restarts": 0, "domain": "rack-a"},
+        {"index": 1, "generation": 2, "ready": False, "restarts": 2},  # coming back, not bound yet
+        {"index": 2, "generation": 0, "ready": False, "restarts": 0, "domain": "rack-b"},
+    ]
+    pods = [
+        grouped_worker(0, 0),
+        grouped_worker(1, 0),
+        grouped_worker(2, 1),  # the group's old generation, on its way out: not counted
+        grouped_worker(3, 2),
+        grouped_worker(4, 0),
+        grouped_worker(5, 0, ready=False),
+    ]
+    text = render(job, pods)
+    assert "Replica Groups (size 2, min 2, topology example.com/rack):" in text
+    assert section(text, "Replica Groups") == [
+        ["GROUP", "GENERATION", "READY", "RESTARTS", "DOMAIN"],
+        ["0", "0", "2/2", "0", "rack-a"],
+        ["1", "2", "1/2", "2", "<none>"],
+        ["2", "0", "1/2", "0", "rack-b"],
+    ]
+
+
+def test_a_job_without_replica_groups_has_no_groups_block() -> None:
+    assert "Replica Groups" not in render()
+    job = copy.deepcopy(JOB)
+    job["spec"]["replicaGroups"] = {"size": 1}
+    job["status"].pop("replicaGroups", None)
+    assert section(render(job), "Replica Groups") == [["<none>"]]
+
+
+def test_a_save_now_request_and_what_saves_on_a_notice_kept_are_shown() -> None:
+    assert "Save Now" not in fields(render()) and "Saved On Notice" not in fields(render())
+    request = {"token": "t2", "requestedAt": "2026-12-01T10:00:00Z", "savedToken": "t1", "step": 40}
+    savings = {"stops": 2, "gpuSeconds": 480, "workerSeconds": 120}
+    job = {**JOB, "status": {**JOB["status"], "saveNow": request, "noticeSavings": savings}}
+    shown = fields(render(job))
+    assert shown["Save Now"] == "t2 asked at 2026-12-01T10:00:00Z, waiting for a checkpoint"
+    assert shown["Saved On Notice"] == "2 stops, 480 GPU-seconds, 120 worker-seconds kept"
+    answered = {**request, "savedToken": "t2", "step": 53}
+    job = {**JOB, "status": {**JOB["status"], "saveNow": answered}}
+    assert fields(render(job))["Save Now"] == "t2 asked at 2026-12-01T10:00:00Z, saved at step 53"
+    refused = {"message": "metadata.annotations['phalanx.dev/save-now'] 'a b' is ignored"}
+    job = {**JOB, "status": {**JOB["status"], "saveNow": refused}}
+    assert fields(render(job))["Save Now"] == refused["message"]

@@ -122,10 +122,11 @@ pods, then networkPolicy.jobs.scrapersFrom. */}}
   resources: [networkpolicies]
   verbs: [get, list, watch, create, patch]
 {{- end }}
-# Kueue's Workloads of the jobs' pod groups: read only, to say in status why a gang is queued.
+# Kueue's Workloads of the jobs' pod groups: read, to say in status why a gang is queued; patch,
+# only their priority-boost annotation (status.preemptionCost, docs/gang-scheduling.md).
 - apiGroups: [kueue.x-k8s.io]
   resources: [workloads]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, patch]
 # Events on TrainingJobs for phase changes, rescales, restarts and refusals.
 - apiGroups: [""]
   resources: [events]

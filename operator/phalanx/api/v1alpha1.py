@@ -483,6 +483,27 @@ class Placement(ApiModel):
     """Keep the workers in one interconnect domain (required) or as few as fit (preferred)."""
 
 
+# --- replica groups (issue 34) ---------------------------------------------------------------
+
+
+class ReplicaGroups(ApiModel):
+    """Data-parallel replica groups that fail alone: the world is split into groups of size
+    workers; each group is one torchrun world of its own, placed as a unit, and a failure restarts
+    only its group while the others train on (docs/replica-groups.md)."""
+
+    size: int = Field(ge=1, le=MAX_WORKERS)
+    """Workers per group. workers.desired, workers.min and workers.max must be multiples of it."""
+
+    min: int = Field(default=1, ge=1, le=MAX_WORKERS)
+    """Fewest groups the job trains with: when a failure would leave fewer groups training, the
+    whole gang restarts from the latest checkpoint (counted as one failure against
+    failurePolicy.maxRestarts) instead of the failed groups alone."""
+
+    topology: str | None = Field(default=None, max_length=316, pattern=LABEL_KEY_PATTERN)
+    """A node label (as spec.placement.topology.key) whose value names a domain: each group's
+    workers all run in one domain; different groups may share one or not."""
+
+
 class TemplateMetadata(BaseModel):
     """Labels and annotations copied onto every worker pod (never the TrainingJob's own labels)."""
 
@@ -595,6 +616,43 @@ class TrainingJobSpec(ApiModel):
                     message="is immutable: the gang's workers are placed as one; delete and recreate the TrainingJob "
                     "to place it otherwise",
                 ),
+                # replica groups (issue 34)
+                cel(
+                    "!has(self.replicaGroups) || self.replicaGroups.size < 1 || "
+                    "(self.workers.desired % self.replicaGroups.size == 0 && "
+                    "self.workers.min % self.replicaGroups.size == 0 && "
+                    "self.workers.max % self.replicaGroups.size == 0)",
+                    field_path=".replicaGroups.size",
+                    message="workers.desired, workers.min and workers.max must be multiples of replicaGroups.size",
+                ),
+                cel(
+                    "!has(self.replicaGroups) || "
+                    "self.replicaGroups.min * self.replicaGroups.size <= self.workers.desired",
+                    field_path=".replicaGroups.min",
+                    message="replicaGroups.min must not exceed the groups (workers.desired / replicaGroups.size)",
+                ),
+                cel(
+                    "!has(self.replicaGroups) || self.launcher == 'torchrun'",
+                    field_path=".replicaGroups",
+                    message="replicaGroups needs launcher torchrun: each group is a torchrun world of its own",
+                ),
+                cel(
+                    "!has(self.replicaGroups) || self.gang.scheduler != 'kueue'",
+                    field_path=".replicaGroups",
+                    message="replicaGroups is not available with gang.scheduler kueue: a Kueue pod group "
+                    "restarts whole on any loss",
+                ),
+                cel(
+                    "!has(self.replicaGroups) || self.workers.spares == 0",
+                    field_path=".replicaGroups",
+                    message="replicaGroups does not take workers.spares yet: a failed group is recreated",
+                ),
+                cel(
+                    "has(self.replicaGroups) == has(oldSelf.replicaGroups) && "
+                    "(!has(self.replicaGroups) || self.replicaGroups == oldSelf.replicaGroups)",
+                    field_path=".replicaGroups",
+                    message="is immutable: the groups' worlds are formed from it; delete and recreate the TrainingJob",
+                ),
                 cel(
                     "has(self.checkpoint) == has(oldSelf.checkpoint) && "
                     "(!has(self.checkpoint) || self.checkpoint == oldSelf.checkpoint)",
@@ -650,6 +708,10 @@ class TrainingJobSpec(ApiModel):
 
     placement: Placement | None = None
     """Topology-aware placement of the workers (immutable: a gang is placed as one)."""
+
+    replica_groups: ReplicaGroups | None = None
+    """Split the workers into data-parallel replica groups that fail and restart alone
+    (immutable; needs launcher torchrun)."""
 
     suspend: bool = False
     """Suspended jobs keep their status and restart budget but run no pods."""
@@ -891,6 +953,30 @@ class SlotClaim(ApiModel):
     """The gang attempt the slot is of; a claim of another attempt holds nothing."""
 
 
+class ReplicaGroupStatus(ApiModel):
+    """One replica group (spec.replicaGroups): its generation, readiness and restarts."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    index: int = Field(ge=0, le=MAX_WORKERS - 1)
+    """The group (PHALANX_REPLICA_GROUP): workers index*size .. index*size+size-1."""
+
+    generation: int = Field(default=0, ge=0)
+    """How often the group was restarted alone in this attempt; its pods carry it, and its torchrun
+    world (rendezvous id) is the group's at this generation."""
+
+    ready: bool = False
+    """Whether all the group's workers of this generation run."""
+
+    restarts: int = Field(default=0, ge=0)
+    """Restarts of this group alone, whatever their cause; those whose failure counts are counted
+    once each in status.restarts, against failurePolicy.maxRestarts."""
+
+    domain: str | None = Field(default=None, max_length=63)
+    """The topology domain (spec.replicaGroups.topology) the group's workers of this generation run
+    in; absent until one of them is bound to a node."""
+
+
 class PlacementStatus(ApiModel):
     """The domain the operator placed the workers in (spec.placement.topology, where the operator
     chooses it: gang.scheduler none or scheduler-plugins)."""
@@ -902,6 +988,103 @@ class PlacementStatus(ApiModel):
 
     domain: str | None = None
     """The label's value the workers are kept in (mode required) or packed towards (preferred)."""
+
+
+class PreemptionCost(ApiModel):
+    """What an eviction of the job now would lose (issue 34: checkpoint-aware preemption).
+
+    ``gpuSeconds`` = (``lostSeconds`` + ``restartSeconds``) x ``gpus``; a job without GPUs is
+    weighed by its workers instead (``workerSeconds``), so CPU jobs still order among themselves."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    lost_seconds: int = 0
+    """Training since the newest checkpoint (or since the job last began training, when that is
+    later or there is none): the work an eviction now would throw away."""
+
+    restart_seconds: int = 0
+    """How long the job last took to train again: from the start of the stretch that led into its
+    current training (the first start, or the whole recovery of a restart) to Running."""
+
+    gpus: int = 0
+    """GPUs of the current world (spec.gpus.count x active workers)."""
+
+    workers: int = 0
+    """Active workers of the current attempt."""
+
+    gpu_seconds: int = 0
+    """(lostSeconds + restartSeconds) x gpus."""
+
+    worker_seconds: int = 0
+    """(lostSeconds + restartSeconds) x workers: the weight of a job without GPUs."""
+
+    time: str | None = None
+    """When the operator computed it (written at most once per 10 s)."""
+
+    boost: int | None = None
+    """The priority boost the operator last set on the job's Kueue Workload
+    (annotation kueue.x-k8s.io/priority-boost): 0..4, higher for a costlier eviction."""
+
+    boost_time: str | None = None
+    """When the boost last changed: it changes at most once per 60 s."""
+
+
+class SaveNow(ApiModel):
+    """The newest save-now request (the job's ``phalanx.dev/save-now`` annotation) and the
+    checkpoint that answered it. Wait for one with
+    ``kubectl wait --for=jsonpath='{.status.saveNow.savedToken}'=<token>``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    token: str | None = None
+    """The token the operator took from the annotation and carries to the running workers."""
+
+    requested_at: str | None = None
+    """When the operator took the token."""
+
+    after_step: int | None = None
+    """The step of the newest checkpoint when the token was taken: the answer is a later one."""
+
+    saved_token: str | None = None
+    """The newest token answered: a checkpoint committed after its request (``savedAt``, ``step``)."""
+
+    saved_at: str | None = None
+    """When that checkpoint was committed, as the worker reports it (status.lastCheckpoint)."""
+
+    step: int | None = None
+    """That checkpoint's step."""
+
+    message: str | None = None
+    """Why the annotation's current value was ignored (it is not a token); absent otherwise."""
+
+
+class NoticeSavings(ApiModel):
+    """Work that saving on a notice kept: at each stop by a notice (a drain's or the Eviction
+    API's eviction, a preemption, Kueue's eviction) whose ranks saved before they stopped (the new
+    run resumed past the checkpoint there was at the notice), what an eviction without that save
+    would have lost: the training since the last checkpoint (``preemptionCost.lostSeconds`` at the
+    notice), times the world's GPUs. Counted once per stop."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    stops: int = 0
+    """Stops by a notice whose ranks saved first."""
+
+    gpu_seconds: int = 0
+    """GPU-seconds those saves kept, in all."""
+
+    worker_seconds: int = 0
+    """Worker-seconds those saves kept, in all (the measure of a job without GPUs)."""
+
+    pending_gpu_seconds: int | None = None
+    """While a stop by a notice waits for its new run: what its save would keep (GPU-seconds)."""
+
+    pending_worker_seconds: int | None = None
+    """The same in worker-seconds."""
+
+    pending_after_step: int | None = None
+    """The step of the newest checkpoint at that notice (0: none): a new run that resumes past it
+    shows the ranks saved."""
 
 
 class TrainingJobStatus(ApiModel):
@@ -985,6 +1168,19 @@ class TrainingJobStatus(ApiModel):
     time_by_state: TimeByState | None = None
     """Where the job's time went: queued, starting, training, recovering (by cause), suspended."""
 
+    preemption_cost: PreemptionCost | None = None
+    """What an eviction now would lose, in GPU-seconds (training since the last checkpoint plus
+    the measured restart time, times GPUs); present while the job trains, written at most every
+    10 s. Under Kueue it sets the Workload's priority boost, so the cheapest job is preempted first."""
+
+    save_now: SaveNow | None = None
+    """The job's newest save-now request (annotation phalanx.dev/save-now) and the checkpoint that
+    answered it; a token already taken is never taken again."""
+
+    notice_savings: NoticeSavings | None = None
+    """Work kept by saving on a notice (an eviction, a drain, a preemption) before the workers
+    stopped, in GPU-seconds; part of the goodput figures (phalanx_job_notice_saved_gpu_seconds_total)."""
+
     placement: PlacementStatus | None = None
     """Where the workers are placed (spec.placement.topology)."""
 
@@ -992,6 +1188,13 @@ class TrainingJobStatus(ApiModel):
         default=None, json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["node"]}
     )
     """Nodes the job's new pods keep off after a failure of the node's own, until the time given."""
+
+    replica_groups: list[ReplicaGroupStatus] | None = Field(
+        default=None,
+        max_length=MAX_WORKERS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["index"]},
+    )
+    """Each replica group's generation, readiness and restarts (spec.replicaGroups)."""
 
     slot_claims: list[SlotClaim] | None = Field(
         default=None,

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 async def describe(args: argparse.Namespace) -> int:
     from phalanx.api import v1alpha1 as api
     from phalanx.cli import describe_text
+    from phalanx.cli.doctor import read_node_ledgers
     from phalanx.reconcile import naming
 
     async with connection.connect(args) as cluster:
@@ -34,8 +35,9 @@ async def describe(args: argparse.Namespace) -> int:
         uid = str(job["metadata"].get("uid", ""))
         ours = [pod for pod in pods if describe_text.owned_by(pod, uid)]
         node_labels = await _node_labels(client, job, ours)
+        ledgers = await read_node_ledgers(client) or []
     events = describe_text.job_events(job, events_of_job, events_of_pods)
-    sys.stdout.write(describe_text.describe(job, ours, events, datetime.now(UTC), node_labels))
+    sys.stdout.write(describe_text.describe(job, ours, events, datetime.now(UTC), node_labels, ledgers))
     return 0
 
 

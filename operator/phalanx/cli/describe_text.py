@@ -16,7 +16,7 @@ from typing import Any
 import pydantic
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import naming
+from phalanx.reconcile import naming, node_ledger
 from phalanx.reconcile.goodput import STATES, effective_training_ratio, seconds_by_state
 from phalanx.reconcile.observed import pod_record
 from phalanx.reconcile.status import EARLIEST, human_duration, parse_time
@@ -71,6 +71,40 @@ def restart_budget(restarts: int, max_restarts: int) -> str:
     left = max_restarts - restarts
     verdict = f"{left} left" if left >= 0 else "exhausted"
     return f"{restarts} of {max_restarts} allowed ({verdict})"
+
+
+def preemption_cost(status: Mapping[str, Any]) -> list[str]:
+    """What an eviction now would lose (only while the job trains and the field is there)."""
+    cost = status.get("preemptionCost")
+    if not isinstance(cost, Mapping):
+        return []
+    weight = (
+        f"{cost.get('gpuSeconds')} GPU-seconds" if cost.get("gpus") else f"{cost.get('workerSeconds')} worker-seconds"
+    )
+    parts = f"{cost.get('lostSeconds')}s since the checkpoint + {cost.get('restartSeconds')}s to restart"
+    boost = f", Kueue boost {cost['boost']}" if cost.get("boost") is not None else ""
+    return [field("Preemption Cost", f"{weight} ({parts}){boost}")]
+
+
+def save_now(status: Mapping[str, Any]) -> list[str]:
+    """The newest save-now request and its answer, and what saves on a notice kept (when there are)."""
+    lines: list[str] = []
+    request = status.get("saveNow")
+    if isinstance(request, Mapping):
+        parts = []
+        if request.get("token") is not None:
+            answered = request.get("savedToken") == request.get("token")
+            state = f"saved at step {request.get('step')}" if answered else "waiting for a checkpoint"
+            parts.append(f"{request['token']} asked at {request.get('requestedAt')}, {state}")
+        if request.get("message"):
+            parts.append(str(request["message"]))
+        if parts:
+            lines.append(field("Save Now", "; ".join(parts)))
+    savings = status.get("noticeSavings")
+    if isinstance(savings, Mapping) and savings.get("stops"):
+        kept = f"{savings.get('gpuSeconds', 0)} GPU-seconds, {savings.get('workerSeconds', 0)} worker-seconds"
+        lines.append(field("Saved On Notice", f"{savings['stops']} stops, {kept} kept"))
+    return lines
 
 
 def worker_counts(spec: Mapping[str, Any], status: Mapping[str, Any]) -> str:
@@ -345,16 +379,74 @@ def progress(status: Mapping[str, Any], now: datetime) -> list[str]:
     return lines
 
 
+def node_ledger_lines(
+    ledgers: Sequence[Mapping[str, Any]], pods: Sequence[Mapping[str, Any]], now: datetime
+) -> list[str]:
+    """The nodes the cluster-wide node ledger has every job keep off, and the scores of the nodes
+    this job's pods run on, with the latest evidence of each (none: no lines)."""
+    used = {str((pod.get("spec") or {}).get("nodeName")) for pod in pods if (pod.get("spec") or {}).get("nodeName")}
+    rows = [
+        [
+            grade.node,
+            f"{grade.score:.2f}/{ledger.policy.threshold:g}",
+            "yes" if grade.avoided else "no",
+            *map(str, node_ledger.counts(grade)),
+            one_line(node_ledger.latest_text(grade, now)),
+        ]
+        for _, ledger in node_ledger.ledgers_of(ledgers)
+        for grade in ledger.grades(now)
+        if grade.avoided or grade.node in used
+    ]
+    if not rows:
+        return []
+    return ["Node Ledger:", *table(["NODE", "SCORE", "AVOIDED", "FAILURES", "SLOW", "LATEST"], rows)]
+
+
+def replica_groups(spec: Mapping[str, Any], status: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> list[str]:
+    """spec.replicaGroups' groups: each one's generation, its ready workers of that generation out
+    of the group's size, its restarts alone, and its domain when the operator knows it."""
+    groups = spec.get("replicaGroups")
+    if not isinstance(groups, Mapping):
+        return []
+    size = int(groups.get("size") or 1)
+    attempt = int(status.get("attempt") or 0)
+    entries = [entry for entry in status.get("replicaGroups") or [] if isinstance(entry, Mapping)]
+    ready: dict[int, int] = {}
+    for record in (pod_record(pod) for pod in pods):
+        if record.role != naming.ROLE_WORKER or record.index is None or not (record.active and record.ready):
+            continue
+        group = record.index // size
+        entry = next((one for one in entries if one.get("index") == group), {})
+        if record.attempt == attempt and (record.group_generation or 0) == int(entry.get("generation") or 0):
+            ready[group] = ready.get(group, 0) + 1
+    rows = [
+        [
+            str(entry.get("index")),
+            str(entry.get("generation", 0)),
+            f"{ready.get(int(entry.get('index') or 0), 0)}/{size}",
+            str(entry.get("restarts", 0)),
+            str(entry.get("domain") or NONE),
+        ]
+        for entry in entries
+    ]
+    heading = f"Replica Groups (size {size}, min {groups.get('min', 1)}"
+    heading += f", topology {groups['topology']}):" if groups.get("topology") else "):"
+    if not rows:
+        return [heading, f"  {NONE}"]
+    return [heading, *table(["GROUP", "GENERATION", "READY", "RESTARTS", "DOMAIN"], rows)]
+
+
 def describe(
     job: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]],
     events: Sequence[Mapping[str, Any]],
     now: datetime,
     node_labels: Mapping[str, Mapping[str, str]] | None = None,
+    ledgers: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """The whole ``phalanx describe`` text for a TrainingJob, its pods and the Events of both
     (``job_events`` chooses and orders them); ``node_labels``: the labels of the pods' nodes, for
-    the topology domain of each rank."""
+    the topology domain of each rank; ``ledgers``: the node ledger's ConfigMaps (``node_ledger_lines``)."""
     pods = list(pods)
     metadata = job.get("metadata") or {}
     spec = job.get("spec") or {}
@@ -392,6 +484,8 @@ def describe(
         lines.append(field("Last Checkpoint", f"step {checkpoint.get('step')} at {_time_and_age(stamp, now)}"))
     else:
         lines.append(field("Last Checkpoint", NONE))
+    lines += preemption_cost(status)
+    lines += save_now(status)
     lines += progress(status, now)
     lines.append(field("Started", _time_and_age(status.get("startTime"), now)))
     if status.get("completionTime"):
@@ -411,11 +505,13 @@ def describe(
                 for entry in avoided
             ],
         )
+    lines += node_ledger_lines(ledgers, pods, now)
     placement = status.get("placement") or {}
     topology = (spec.get("placement") or {}).get("topology") or {}
     if topology:
         where = placement.get("domain") or "chosen by the gang scheduler"
         lines.append(field("Placement", f"{topology.get('key')} {topology.get('mode', 'required')}: {where}"))
+    lines += replica_groups(spec, status, pods)
     lines += _conditions(status, now)
     lines += _pods(pods, attempt, now)
     lines += rank_map(spec, pods, attempt, node_labels)

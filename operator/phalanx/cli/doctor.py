@@ -75,6 +75,32 @@ def problem(check: str, message: str) -> Finding:
 # -- pure judgements -----------------------------------------------------------------------------
 
 
+def judge_node_ledger(configmaps: Sequence[Mapping[str, Any]] | None, now: datetime) -> Finding | None:
+    """The nodes the cluster-wide node ledger scores, and those every job keeps off, with the
+    evidence; None when there is no ledger (or the user may not read it)."""
+    from phalanx.reconcile import node_ledger
+
+    if not configmaps:
+        return None
+    avoided: list[str] = []
+    scored = 0
+    for where, ledger in node_ledger.ledgers_of(configmaps):
+        grades = ledger.grades(now)
+        scored += len(grades)
+        for grade in grades:
+            if grade.avoided:
+                latest = node_ledger.latest_text(grade, now)
+                failures, slow = node_ledger.counts(grade)
+                slowness = f", {slow} window(s) of slowness" if slow else ""
+                avoided.append(
+                    f"{grade.node} (score {grade.score:.2f} of {ledger.policy.threshold:g}, {failures} "
+                    f"failure(s){slowness} in {where}; latest {latest})"
+                )
+    if avoided:
+        return warning("node ledger", f"every job's new pods keep off {len(avoided)} node(s): {'; '.join(avoided)}")
+    return ok("node ledger", f"{scored} node(s) with failures or slowness on record, none past the threshold")
+
+
 def _fields(schema: Mapping[str, Any], prefix: str = "") -> set[str]:
     """Every property path of a structural schema (``spec.workers.min``)."""
     paths: set[str] = set()
@@ -318,6 +344,15 @@ async def _maybe(call: Any) -> Any:
         raise
 
 
+async def read_node_ledgers(client: ApiClient) -> list[dict[str, Any]] | None:
+    """The node ledger ConfigMaps (the chart's name, any namespace); None when the user may not list them."""
+    from phalanx.reconcile import node_ledger
+
+    selector = f"metadata.name={node_ledger.DEFAULT_NAME}"
+    listed: list[dict[str, Any]] | None = await _maybe(client.list("v1", "ConfigMap", None, field_selector=selector))
+    return listed
+
+
 async def _served(client: ApiClient, api_version: str, resource: str) -> bool | None:
     from phalanx.cluster.client import ApiError
 
@@ -436,6 +471,9 @@ async def diagnose(client: ApiClient, namespace: str, files: Sequence[str], now:
         _maybe(client.list("v1", "Pod", None, label_selector=OPERATOR_POD_SELECTOR)),
     )
     findings.append(judge_operator(leases, pods, listed_jobs, now))
+    ledger = judge_node_ledger(await read_node_ledgers(client), now)
+    if ledger is not None:
+        findings.append(ledger)
     findings.append(judge_access(namespace, await _access(client, namespace)))
 
     if files:

@@ -13,9 +13,12 @@ The writes go in this order, which matters for crash safety:
    and spares, the ranks' EndpointSlices, a NetworkPolicy, a ResourceClaimTemplate (the planner
    creates the pods that need it in a later pass); created when missing, server-side applied when
    they drifted (a pod never: pods are not changed in place);
+   then the Kueue Workload's priority boost (``reconcile.preemption_cost``), a JSON patch that
+   tests the Workload's UID and the annotation's old value, never held back by pacing;
 4. pod patches (``reconcile.pod_patches``), in parallel: the pods an in-place gang restart keeps
    moved to the new attempt and spares promoted into slots; then, once the objects exist (the rank
-   names resolve), rank addresses given to the workers;
+   names resolve), rank addresses given to the workers, and a save-now token carried onto running
+   workers (``reconcile.save_now``; the status write before it recorded the token);
 5. deletions, in parallel: pods and the children no worker needs any more;
 6. Events handed to the ``EventRecorder``, which posts them after the requests that create and
    fix things;
@@ -198,11 +201,13 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
     namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
     held: float | None = None
     # a promotion's slot claim must pass the precondition before its patch: written, never held back
-    if plan.status and (plan.promotes or status_changed(job.get("status"), plan.status)):
+    # so is one that records a Workload boost (its time holds the next change back)
+    urgent = plan.promotes or plan.boost is not None
+    if plan.status and (urgent or status_changed(job.get("status"), plan.status)):
         starting = plan.status.get("phase") in STARTING_PHASES
         hold = (
             run.pacer.hold((namespace, name), starting=starting)
-            if progress_only(job.get("status"), plan.status) and not plan.promotes
+            if progress_only(job.get("status"), plan.status) and not urgent
             else 0.0
         )
         if hold > 0:
@@ -213,6 +218,16 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
             return None
     known = run.children.objects_of(namespace, uid)
     pods = {pod.name: pod for pod in run.children.pods_of(namespace, uid)}
+
+    if plan.boost is not None:  # Kueue's Workload, not ours: a guarded patch of one annotation
+        try:
+            await run.client.patch_if(
+                child_kinds.KUEUE_WORKLOAD.api_version, "Workload", namespace, plan.boost.name, plan.boost.body()
+            )
+        except ApiError as error:  # advisory: a refused boost (RBAC, a webhook) must not stop the job's pass
+            logger.warning(
+                "%s/%s: Kueue Workload %s kept its priority boost: %s", namespace, name, plan.boost.name, error
+            )
 
     async def put(obj: Mapping[str, Any]) -> None:
         ident = (child_kind(obj["apiVersion"], obj["kind"]), obj["metadata"]["name"])
@@ -238,6 +253,7 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
     await asyncio.gather(*(patch(pod) for pod in plan.move))
     # after the objects: the rank names resolve (the EndpointSlices) before a supervisor reads them
     await asyncio.gather(*(patch(pod) for pod in plan.address))
+    await asyncio.gather(*(patch(pod) for pod in plan.notices))  # a save-now token, after status took it
 
     async def remove(deletion: Deletion) -> None:
         if deletion.kind == "Pod":

@@ -88,16 +88,25 @@ def _kept(values: Any, keys: tuple[str, ...]) -> dict[str, Any] | None:
     return {k: v for k in keys if isinstance(v := values.get(k), str) and len(v) <= KEPT_METADATA_VALUE} or None
 
 
+KEPT_ANNOTATIONS = (*api.GITOPS_ANNOTATIONS, naming.SAVE_NOW_ANNOTATION)
+"""The job's annotations the planner reads: ``ObjectMeta.gitops_tool``'s and the save-now token."""
+
+
 def _slim(body: Mapping[str, Any]) -> dict[str, Any]:
     """The body without what the operator never reads and what grows with every write (the field
     managers' bookkeeping, kubectl's copy of the last applied manifest, and every label and
-    annotation but the few ``ObjectMeta.gitops_tool`` reads: their values are the tenant's), its
-    keys and short strings shared with every other job's (each decoded body brings its own copies)."""
+    annotation but the few ``ObjectMeta.gitops_tool`` and ``reconcile.save_now`` read: their values
+    are the tenant's), its keys and short strings shared with every other job's (each decoded body
+    brings its own copies)."""
     given = body.get("metadata") or {}
     metadata = {k: v for k, v in given.items() if k not in ("managedFields", "labels", "annotations")}
-    for field, keys in (("labels", api.GITOPS_LABELS), ("annotations", api.GITOPS_ANNOTATIONS)):
+    for field, keys in (("labels", api.GITOPS_LABELS), ("annotations", KEPT_ANNOTATIONS)):
         if (kept := _kept(given.get(field), keys)) is not None:
             metadata[field] = kept
+    save_now = (given.get("annotations") or {}).get(naming.SAVE_NOW_ANNOTATION)
+    if isinstance(save_now, str) and len(save_now) > KEPT_METADATA_VALUE:
+        # its head is enough to be refused as no token, with a message that quotes it
+        metadata.setdefault("annotations", {})[naming.SAVE_NOW_ANNOTATION] = save_now[:KEPT_METADATA_VALUE]
     slimmed: dict[str, Any] = _shared_strings({**body, "metadata": metadata})
     return slimmed
 

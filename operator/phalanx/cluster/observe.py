@@ -71,6 +71,7 @@ def observe_job(
         progress=progress.get(key) if progress is not None else None,
         completion=progress.completion(key) if progress is not None else None,
         reported=progress.reported(key) if progress is not None else None,
+        stragglers=progress.stragglers(key) if progress is not None else (),
         foreign=children.foreign(namespace, name, uid),
         refusals=refusals.of(uid) if refusals is not None else {},
         missing_apis=dict(missing_apis or {}),

@@ -26,6 +26,11 @@ planner judges a hang only on a fresh sample scraped after the deadline ran out,
 stops answering (a NetworkPolicy, a port taken after a restart, a network blip) or a scrape that
 came late is never taken for a hang; each unanswered scrape counts in
 ``phalanx_job_progress_scrape_failures_total``.
+
+With a ``StragglerPolicy`` (the node ledger on), each scrape of the store also reads every rank's
+step time (``parse_rank_step_times``: this job's, this attempt's, each checked, at most the world
+cap) and advances the job's ``reconcile.stragglers`` watch; the job is woken when its stragglers
+change, and the planner's pass records them in the node ledger.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from phalanx.reconcile import naming
 from phalanx.reconcile.environment import WORKER_METRICS_PORT
 from phalanx.reconcile.observed import Completion, PodRecord, ReportedMetric, ReportedProgress, WorkerProgress
 from phalanx.reconcile.status import TRAINING
+from phalanx.reconcile.stragglers import RankStepTime, Straggler, StragglerPolicy, StragglerWatch, observe
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +82,9 @@ PROGRESS_SERIES = tuple(
     )
 )
 METRIC_NAME = re.compile(naming.PROGRESS_METRIC_NAME.removeprefix("^").removesuffix("$"))
+RANK_STEP_SECONDS = "phalanx_training_rank_step_seconds"
+RANK_STEP = "phalanx_training_rank_step"
+STEP_HOST = re.compile(naming.STEP_TIME_HOST)
 MAX_METRIC_VALUE = 1e300
 MAX_COUNT = 2**53  # steps, ranks, attempts: beyond a float's exact integers a value is garbage
 EARLIEST_CHECKPOINT, LATEST_CHECKPOINT = 946684800.0, 7258118400.0  # 2000-01-01 .. 2200-01-01
@@ -217,6 +226,64 @@ def parse_reported_progress(text: str, job_uid: str) -> ReportedProgress | None:
     )
 
 
+def parse_rank_step_times(text: str, job_uid: str, attempt: int, max_ranks: int) -> tuple[RankStepTime, ...]:
+    """Each rank's step time out of the store's page, read as untrusted: only series labelled with
+    ``job_uid`` and ``attempt``, a rank below ``max_ranks`` (the world cap) with both series, a host
+    that is a DNS name, a step time above 0 and at most ``naming.STEP_TIME_MAX_SECONDS``; at most
+    ``max_ranks`` ranks, by rank. Anything else is left out, rank by rank."""
+    wanted = {RANK_STEP_SECONDS, RANK_STEP}
+    cap = max(0, min(max_ranks, naming.STEP_TIME_MAX_RANKS))
+    seen: dict[int, dict[str, Any]] = {}
+    try:
+        for family in text_string_to_metric_families(_wanted_lines(text, wanted)):
+            for sample in family.samples:
+                labels = sample.labels
+                if sample.name not in wanted or labels.get(JOB_LABEL) != job_uid:
+                    continue
+                if labels.get("attempt") != str(attempt):
+                    continue
+                rank_text, host = labels.get("rank", ""), labels.get("host", "")
+                if not (rank_text.isascii() and rank_text.isdigit() and len(rank_text) <= 5):
+                    continue
+                if not STEP_HOST.match(host):
+                    continue
+                rank = int(rank_text)
+                if rank >= cap or (rank not in seen and len(seen) >= cap):
+                    continue
+                entry = seen.setdefault(rank, {"host": host})
+                if entry["host"] != host:
+                    entry["conflict"] = True  # two hosts claim one rank: neither counts
+                entry[sample.name] = float(sample.value)
+    except Exception as error:  # the parser raises whatever it meets
+        raise ProgressError(f"not Prometheus text: {error}") from error
+    found = []
+    for rank, entry in sorted(seen.items()):
+        seconds, step = entry.get(RANK_STEP_SECONDS), _count(entry.get(RANK_STEP))
+        if entry.get("conflict") or seconds is None or step is None:
+            continue
+        if not (math.isfinite(seconds) and 0 < seconds <= naming.STEP_TIME_MAX_SECONDS):
+            continue
+        found.append(RankStepTime(rank=rank, host=entry["host"], seconds=seconds, step=step))
+    return tuple(found)
+
+
+def world_cap(body: dict[str, Any]) -> int:
+    """The most ranks the job can have, as its spec says (workers.max x procsPerWorker, or x the
+    GPUs per worker, as ``resolve_launch`` counts them): read only to bound what is parsed."""
+    spec = body.get("spec")
+    if not isinstance(spec, dict):
+        return 0
+    workers, gpus = spec.get("workers"), spec.get("gpus")
+    most = workers.get("max") if isinstance(workers, dict) else None
+    procs = spec.get("procsPerWorker")
+    if not isinstance(procs, int) or isinstance(procs, bool) or procs < 1:
+        count = gpus.get("count") if isinstance(gpus, dict) else None
+        procs = count if isinstance(count, int) and not isinstance(count, bool) and count >= 1 else 1
+    if not isinstance(most, int) or isinstance(most, bool) or most < 1:
+        return 0
+    return min(most * procs, naming.STEP_TIME_MAX_RANKS)
+
+
 def metrics_url(pod: PodRecord, port: int) -> str | None:
     """Where a pod serves its metrics; None for a pod that has no IP address of its own (on its
     node's network the port is the node's, which no tenant's pod speaks for)."""
@@ -322,8 +389,11 @@ class ProgressPoller:
         concurrency: int = 8,
         default_port: int = WORKER_METRICS_PORT,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        stragglers: StragglerPolicy | None = None,
     ) -> None:
         self._jobs = jobs
+        self._straggler_policy = stragglers
+        self._watches: dict[JobKey, StragglerWatch] = {}
         self._clock = clock
         self._children = children
         self._wake = wake
@@ -357,7 +427,13 @@ class ProgressPoller:
         """Rank 0's latest progress report (kept after the job stops training: its last words)."""
         return self._reported.get(key)
 
+    def stragglers(self, key: JobKey) -> tuple[Straggler, ...]:
+        """The ranks of the job's current attempt found persistently slow (none without a policy)."""
+        watch = self._watches.get(key)
+        return watch.stragglers if watch is not None else ()
+
     def forget(self, key: JobKey) -> None:
+        self._watches.pop(key, None)
         self._latest.pop(key, None)
         self._completed.pop(key, None)
         self._reported.pop(key, None)
@@ -483,8 +559,11 @@ class ProgressPoller:
             scrapes = []
             if worker is not None:
                 scrapes.append(self._scrape_worker(key, worker, attempt, _progress_deadline(body)))
+            if phase not in TRAINING:
+                self._watches.pop(key, None)  # no straggler outlives the attempt's training
             if store is not None:
-                scrapes.append(self._scrape_store(key, store, str(body["metadata"].get("uid", ""))))
+                step_times = (attempt, world_cap(body)) if phase in TRAINING else None
+                scrapes.append(self._scrape_store(key, store, str(body["metadata"].get("uid", "")), step_times))
             answered = await asyncio.gather(*scrapes)
             if key in self._due and all(answered):
                 self._answering.add(key)
@@ -577,18 +656,24 @@ class ProgressPoller:
         )
         return replace(now, stepped_since=before.stepped_since if same and before is not None else seen)
 
-    async def _scrape_store(self, key: JobKey, pod: PodRecord, job_uid: str) -> bool:
-        """File what the store says about completion and rank 0's progress; whether it answered
+    async def _scrape_store(
+        self, key: JobKey, pod: PodRecord, job_uid: str, step_times: tuple[int, int] | None = None
+    ) -> bool:
+        """File what the store says about completion and rank 0's progress (and, given the
+        ``(attempt, world cap)`` of a training job, the ranks' step times); whether it answered
         readably."""
+        times: tuple[RankStepTime, ...] | None = None
         try:
             text = await self._fetch(pod)
             completion, reported = (
                 await asyncio.to_thread(_store_page, text, job_uid) if text is not None else (None, None)
             )
+            if text is not None and step_times is not None and self._straggler_policy is not None:
+                times = await asyncio.to_thread(parse_rank_step_times, text, job_uid, *step_times)
         except Exception as error:
             self.errors += 1
             logger.warning("unreadable status from %s: %s", pod.name, error)
-            text = completion = reported = None
+            text = completion = reported = times = None
         if self._jobs.get(key) is None:
             return True  # deleted meanwhile: no series of it comes back
         if text is None:
@@ -600,6 +685,11 @@ class ProgressPoller:
         if reported is not None and self._reported.get(key) != reported:
             self._reported[key] = reported
             self._wake(key)  # the planner paces the status writes (plan.progress_report)
+        if times is not None and step_times is not None and self._straggler_policy is not None:
+            before = self.stragglers(key)
+            self._watches[key] = observe(self._watches.get(key), step_times[0], times, self._straggler_policy)
+            if [(one.rank, one.host) for one in before] != [(one.rank, one.host) for one in self.stragglers(key)]:
+                self._wake(key)  # the pass records a new straggler in the node ledger
         return True
 
 

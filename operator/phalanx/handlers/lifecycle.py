@@ -23,6 +23,7 @@ from phalanx import metrics, metrics_endpoint
 from phalanx.cluster.client import ApiClient, NotLeadingError
 from phalanx.cluster.lease import LeaderElector
 from phalanx.cluster.login import Credentials, Login, LoginError
+from phalanx.cluster.node_ledger import NodeLedgerStore
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.workqueue import WorkQueue
 from phalanx.handlers import trainingjob
@@ -138,7 +139,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     runtime.pacer.busy = lambda: runtime is not None and runtime.queue.backlog() > 0
     interval = config.progress_interval_seconds
     if interval > 0:
-        runtime.progress = ProgressPoller(runtime.jobs, runtime.children, runtime.queue.enqueue, interval=interval)
+        stragglers = config.node_ledger.stragglers if config.node_ledger is not None else None
+        runtime.progress = ProgressPoller(
+            runtime.jobs, runtime.children, runtime.queue.enqueue, interval=interval, stragglers=stragglers
+        )
+    if (ledger := config.node_ledger) is not None:
+        namespace = ledger.namespace or _own_namespace()
+        runtime.ledger = NodeLedgerStore(client, namespace, ledger.name, ledger.policy, cordon=ledger.cordon)
     tasks = [supervised(name, work) for name, work in runtime.background()]
     if elector is None:
         runtime.queue.start()

@@ -28,6 +28,7 @@ from phalanx.cluster.cache import (
 from phalanx.cluster.client import ApiClient
 from phalanx.cluster.events import EventRecorder
 from phalanx.cluster.informer import Informer, Resource, Sink
+from phalanx.cluster.node_ledger import NodeLedgerStore
 from phalanx.cluster.observe import observe_job
 from phalanx.cluster.progress import ProgressPoller
 from phalanx.cluster.refusals import RefusalMemory
@@ -68,6 +69,7 @@ class Runtime:
     pacer: StatusPacer = field(default_factory=StatusPacer)
     progress: ProgressPoller | None = None  # None when PHALANX_PROGRESS_INTERVAL_SECONDS is 0
     informers: list[Informer] = field(default_factory=list)
+    ledger: NodeLedgerStore | None = None  # None when PHALANX_NODE_LEDGER_NAME is unset
     settings: Settings = field(default_factory=Settings)
     events: EventRecorder = field(init=False)
 
@@ -145,8 +147,14 @@ class Runtime:
         return work
 
     def leader_work(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
-        """What only the replica that reconciles does besides the queue: scraping workers."""
-        return [("progress poller", self.progress.run)] if self.progress is not None else []
+        """What only the replica that reconciles does besides the queue: scraping workers, reading
+        the node ledger again."""
+        work: list[tuple[str, Callable[[], Awaitable[None]]]] = []
+        if self.progress is not None:
+            work.append(("progress poller", self.progress.run))
+        if self.ledger is not None:
+            work.append(("node ledger", self.ledger.refresh_forever))
+        return work
 
     # -- what wakes a job ------------------------------------------------------------------------
 

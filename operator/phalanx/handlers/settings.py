@@ -19,7 +19,9 @@ from phalanx.cluster.client import DEFAULT_MAX_IN_FLIGHT
 from phalanx.cluster.informer import ABSENT_RECHECK_SECONDS
 from phalanx.cluster.lease import LeaseTiming
 from phalanx.reconcile import desired
+from phalanx.reconcile.node_ledger import LedgerPolicy
 from phalanx.reconcile.observed import NODE_LOST_GRACE_SECONDS, JobIsolation
+from phalanx.reconcile.stragglers import StragglerPolicy
 
 KUBE_CONTEXT = "PHALANX_KUBE_CONTEXT"
 MAX_IN_FLIGHT = "PHALANX_MAX_IN_FLIGHT"
@@ -39,6 +41,12 @@ JOB_NETWORK_POLICY_SCRAPERS = "PHALANX_JOB_NETWORK_POLICY_SCRAPERS"
 NODE_LOST_GRACE = "PHALANX_NODE_LOST_GRACE_SECONDS"
 FORCE_DELETE_ON_NODE_LOST = "PHALANX_FORCE_DELETE_ON_NODE_LOST"
 SPARE_PRIORITY_CLASS = "PHALANX_SPARE_PRIORITY_CLASS"
+NODE_LEDGER_NAME = "PHALANX_NODE_LEDGER_NAME"
+NODE_LEDGER_NAMESPACE = "PHALANX_NODE_LEDGER_NAMESPACE"
+NODE_LEDGER_HALF_LIFE = "PHALANX_NODE_LEDGER_HALF_LIFE_SECONDS"
+NODE_LEDGER_THRESHOLD = "PHALANX_NODE_LEDGER_THRESHOLD"
+NODE_LEDGER_CORDON = "PHALANX_NODE_LEDGER_CORDON"
+NODE_LEDGER_STRAGGLER_FACTOR = "PHALANX_NODE_LEDGER_STRAGGLER_FACTOR"
 LEADER_ELECTION_ENV = "PHALANX_LEADER_ELECTION"  # "1": elect a leader
 LEASE_NAME = "PHALANX_LEASE_NAME"
 LEASE_NAMESPACE = "PHALANX_LEASE_NAMESPACE"
@@ -66,6 +74,12 @@ VARIABLES = (
     NODE_LOST_GRACE,
     FORCE_DELETE_ON_NODE_LOST,
     SPARE_PRIORITY_CLASS,
+    NODE_LEDGER_NAME,
+    NODE_LEDGER_NAMESPACE,
+    NODE_LEDGER_HALF_LIFE,
+    NODE_LEDGER_THRESHOLD,
+    NODE_LEDGER_CORDON,
+    NODE_LEDGER_STRAGGLER_FACTOR,
     LEADER_ELECTION_ENV,
     LEASE_NAME,
     LEASE_NAMESPACE,
@@ -93,6 +107,19 @@ class LeaderElection:
 
 
 @dataclass(frozen=True)
+class NodeLedgerSettings:
+    """The cluster-wide node ledger (``reconcile.node_ledger``): its ConfigMap, when a node is avoided,
+    and whether the operator cordons it. ``namespace`` None: the operator pod's own."""
+
+    name: str
+    namespace: str | None = None
+    policy: LedgerPolicy = field(default_factory=LedgerPolicy)
+    cordon: bool = False
+    stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
+    """When a rank is a straggler (slowness evidence against its node)."""
+
+
+@dataclass(frozen=True)
 class Settings:
     """Every setting of the operator process, with its default."""
 
@@ -114,6 +141,7 @@ class Settings:
     force_delete_on_node_lost: bool = False
     spare_priority_class: str | None = None  # None: spares take the workers' class
     leader_election: LeaderElection | None = None  # None: this replica reconciles alone
+    node_ledger: NodeLedgerSettings | None = None  # None: no cluster-wide node ledger
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -140,6 +168,7 @@ class Settings:
             force_delete_on_node_lost=environ.get(FORCE_DELETE_ON_NODE_LOST, "0") == "1",
             spare_priority_class=_spare_priority_class(environ),
             leader_election=_leader_election(environ),
+            node_ledger=_node_ledger(environ),
         )
 
 
@@ -212,4 +241,38 @@ def _leader_election(environ: Mapping[str, str]) -> LeaderElection | None:
         lease_namespace=environ.get(LEASE_NAMESPACE) or None,
         identity=environ.get(LEADER_IDENTITY) or None,
         timing=LeaseTiming(*durations),
+    )
+
+
+def _node_ledger(environ: Mapping[str, str]) -> NodeLedgerSettings | None:
+    """The node ledger when PHALANX_NODE_LEDGER_NAME names its ConfigMap; its numbers are checked only then."""
+    name = environ.get(NODE_LEDGER_NAME, "").strip()
+    if not name:
+        return None
+    if len(name) > 253 or not DNS_1123_SUBDOMAIN.match(name):
+        raise ValueError(f"{NODE_LEDGER_NAME} {name[:253]!r} is no ConfigMap name: {DNS_1123_SUBDOMAIN_MESSAGE}")
+    default = LedgerPolicy()
+    half_life = _parsed(environ, NODE_LEDGER_HALF_LIFE, float, default.half_life_seconds)
+    if not half_life > 0:  # also refuses NaN
+        raise ValueError(f"{NODE_LEDGER_HALF_LIFE} must be a number of seconds > 0, not {half_life!r}")
+    threshold = _parsed(environ, NODE_LEDGER_THRESHOLD, float, default.threshold)
+    if not 0 < threshold < float("inf"):
+        raise ValueError(
+            f"{NODE_LEDGER_THRESHOLD} must be a number > 0 (a score: 1 per failure, halving), not {threshold!r}"
+        )
+    factor = _parsed(environ, NODE_LEDGER_STRAGGLER_FACTOR, float, StragglerPolicy().factor)
+    if not 1 < factor < float("inf"):
+        raise ValueError(
+            f"{NODE_LEDGER_STRAGGLER_FACTOR} must be a number > 1 (a straggler's step time over the "
+            f"median of the other ranks'), not {factor!r}"
+        )
+    cordon = environ.get(NODE_LEDGER_CORDON, "").strip().lower()
+    if cordon not in ("", "0", "1", "true", "false"):
+        raise ValueError(f"{NODE_LEDGER_CORDON} must be true or false, not {cordon!r}")
+    return NodeLedgerSettings(
+        name=name,
+        namespace=environ.get(NODE_LEDGER_NAMESPACE, "").strip() or None,
+        policy=LedgerPolicy(half_life_seconds=half_life, threshold=threshold),
+        cordon=cordon in ("1", "true"),
+        stragglers=StragglerPolicy(factor=factor),
     )

@@ -7,6 +7,7 @@ its status, and adds no finalizer (children go with their owner references).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from datetime import UTC, datetime
@@ -18,8 +19,12 @@ from phalanx.api import v1alpha1 as api
 from phalanx.cluster.apply import AdmissionRefusedError, StaleStatusError, execute
 from phalanx.cluster.cache import JobKey
 from phalanx.cluster.client import ApiError, NotLeadingError
+from phalanx.cluster.node_ledger import NodeLedgerStore
 from phalanx.handlers.runtime import Runtime
+from phalanx.reconcile import node_ledger
 from phalanx.reconcile import plan as planner
+from phalanx.reconcile.observed import Observed
+from phalanx.reconcile.pass_values import Context
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +44,16 @@ async def _refresh(runtime: Runtime, key: JobKey) -> None:
             return
         raise
     runtime.jobs.answered(body)
+
+
+async def _with_node_ledger(
+    ledger: NodeLedgerStore, job: api.TrainingJob, observed: Observed, now: datetime
+) -> Observed:
+    """Count what this job's pods say against their nodes in the cluster-wide ledger (once per pod),
+    and plan with the nodes it avoids."""
+    await ledger.ready()
+    await ledger.record(node_ledger.evidence_of(Context(job, observed, now)), now)
+    return dataclasses.replace(observed, ledger_avoided=ledger.avoided(now))
 
 
 async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
@@ -61,6 +76,8 @@ async def reconcile(runtime: Runtime, key: JobKey) -> float | None:
             await execute(planner.unparsable(body, message, now), run, job=body, now=now)
             return None
         observed = runtime.observe(job)
+        if runtime.ledger is not None:
+            observed = await _with_node_ledger(runtime.ledger, job, observed, now)
         # tenant-edited values the records left out: said once, by the replica that leads
         for warning in runtime.children.take_ignored_values(job.metadata.namespace, job.metadata.uid):
             run.events.record(body, warning, now)

@@ -77,9 +77,10 @@ DEVICE_CLAIM_TEMPLATE = ChildKind(
     write_stage=1,
     verbs=WRITE,
 )
-# read only, to say in status why a gang is queued
+# Kueue's, never created: read to say in status why a gang is queued, patched only in its
+# priority-boost annotation (reconcile.preemption_cost)
 KUEUE_WORKLOAD = ChildKind(
-    KUEUE_API, "Workload", "workloads", optional=True, informer="named", write_stage=None, verbs=READ
+    KUEUE_API, "Workload", "workloads", optional=True, informer="named", write_stage=None, verbs=(*READ, "patch")
 )
 # the chart grants no delete here (networkPolicy.jobs): see the report on the chart's RBAC
 NETWORK_POLICY = ChildKind(

@@ -185,6 +185,7 @@ def worker_environment(
     job_uid: str,
     attempt: int,
     index: int | None,
+    group_generation: int = 0,
 ) -> list[EnvVar]:
     """The worker's environment, before the container's own variables (which win) are merged in;
     ``index`` None: a spare's, which has no slot until it is promoted (its supervisor then gives
@@ -241,6 +242,22 @@ def worker_environment(
             "PHALANX_WORKER_METRICS_PORT": str(WORKER_METRICS_PORT),
         }
     )
+    groups = spec.replica_groups
+    if groups is not None and index is not None and launch.launcher == "torchrun":
+        # each replica group is a torchrun world of its own, new at each restart of the group alone
+        group = index // groups.size
+        values["PET_NNODES"] = str(groups.size)
+        if not launch.supervised:
+            values["PET_RDZV_ID"] = naming.group_rendezvous_id(job_uid, attempt, group, group_generation)
+        values.update(
+            {
+                "PHALANX_REPLICA_GROUP": str(group),
+                "PHALANX_REPLICA_GROUP_SIZE": str(groups.size),
+                "PHALANX_REPLICA_GROUP_RANK": str(index % groups.size),
+                "PHALANX_REPLICA_GROUP_GENERATION": str(group_generation),
+                "PHALANX_REPLICA_GROUPS_MIN": str(groups.min),
+            }
+        )
     if launch.supervised:
         # the attempt and its rendezvous id change in a running pod, and a spare's slot once: the
         # supervisor reads them from files and gives them to each run (PHALANX_ATTEMPT, PET_RDZV_ID,

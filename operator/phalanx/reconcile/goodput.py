@@ -14,6 +14,9 @@ from datetime import datetime
 from typing import Any
 
 from phalanx.api import v1alpha1 as api
+from phalanx.reconcile.observed import WorkerProgress
+from phalanx.reconcile.pass_values import Memory
+from phalanx.reconcile.preemption_cost import current_cost
 from phalanx.reconcile.status import TERMINAL, TRAINING, PhaseView, format_time, parse_time
 
 STATES: tuple[api.JobState, ...] = ("queued", "starting", "training", "recovering", "suspended")
@@ -92,3 +95,63 @@ def effective_training_ratio(counts: api.TimeByState, now: datetime) -> float:
     seconds = seconds_by_state(counts, now)
     total = sum(spent for (state, _), spent in seconds.items() if state != "suspended")
     return min(1.0, seconds.get(("training", ""), 0.0) / total) if total > 0 else 0.0
+
+
+NOTICE_REASONS = frozenset({"Evicted", "Preempted"})
+"""Restart reasons of stops that come with a notice: SIGTERM and the pod's termination grace, in
+which every rank saves the step it reached (``worker.session``); never counted against the budget."""
+
+
+def notice_savings(
+    previous: api.TrainingJobStatus,
+    memory: Memory,
+    progress: WorkerProgress | None,
+    *,
+    gpus_per_worker: int,
+    now: datetime,
+) -> dict[str, Any] | None:
+    """The next ``status.noticeSavings`` (None: the one there stands). A stop by a notice is seen
+    where a restart is decided (``Memory.restarting_from`` sets ``reached``) with a notice's reason
+    among the reasons it records; what its save would keep is set aside then, and credited when the
+    new run reports (``Memory.resumed`` clears ``reached``) having resumed past the checkpoint there
+    was at the notice. Both happen in the conditional status write of that pass, so a stop is
+    credited once, however many passes see it."""
+    before = previous.notice_savings
+    savings = before or api.NoticeSavings()
+    was_reached = previous.recomputed_steps.reached if previous.recomputed_steps is not None else None
+    recorded = previous.restarts_by_reason or {}
+    now_by_reason = dict(memory.by_reason)
+    if was_reached is None and memory.reached is not None:
+        if any(now_by_reason.get(reason, 0) > recorded.get(reason, 0) for reason in NOTICE_REASONS):
+            workers = previous.workers.active if previous.workers is not None else 0
+            cost = current_cost(
+                previous, previous.phase or "Running", workers=workers, gpus_per_worker=gpus_per_worker, now=now
+            )
+            last = previous.last_checkpoint
+            savings = savings.model_copy(
+                update={
+                    "pending_gpu_seconds": cost.lost_seconds * cost.gpus,
+                    "pending_worker_seconds": cost.lost_seconds * cost.workers,
+                    "pending_after_step": last.step if last is not None else 0,
+                }
+            )
+    elif memory.reached is None and savings.pending_gpu_seconds is not None:
+        resumed = progress.resumed_step if progress is not None else None
+        after = savings.pending_after_step or 0
+        if was_reached is not None and resumed is not None and resumed > after:
+            savings = savings.model_copy(
+                update={
+                    "stops": savings.stops + 1,
+                    "gpu_seconds": savings.gpu_seconds + savings.pending_gpu_seconds,
+                    "worker_seconds": savings.worker_seconds + (savings.pending_worker_seconds or 0),
+                }
+            )
+        savings = savings.model_copy(
+            update={"pending_gpu_seconds": None, "pending_worker_seconds": None, "pending_after_step": None}
+        )
+    if savings == (before or api.NoticeSavings()):
+        return None
+    body = savings.model_dump(by_alias=True, exclude_none=True)
+    if before is not None:  # a merge patch: fields the new value lacks are removed by null
+        body = {**dict.fromkeys(before.model_dump(by_alias=True, exclude_none=True)), **body}
+    return body

@@ -37,6 +37,12 @@ RANK_ADDRESS_ANNOTATION = f"{PREFIX}/rank-address"
 DOMAIN_ANNOTATION = f"{PREFIX}/domain"
 POD_INFO_VOLUME = "phalanx-pod-info"
 POD_INFO_DIR = "/etc/phalanx/pod"
+# On a TrainingJob, set by a user or a script to any token (a timestamp, say): the workers save a
+# checkpoint at their next step boundary (reconcile.save_now). The operator copies the token onto
+# the job's running worker pods, whose workers read it from a downward-API file (NOTICES_DIR).
+SAVE_NOW_ANNOTATION = f"{PREFIX}/save-now"
+NOTICES_VOLUME = "phalanx-notices"
+NOTICES_DIR = "/etc/phalanx/notices"
 
 ROLE_WORKER = "worker"
 ROLE_RENDEZVOUS = "rendezvous"
@@ -158,6 +164,19 @@ PROGRESS_MAX_BYTES = 4096
 PROGRESS_MAX_METRICS = 8
 PROGRESS_METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]{0,62}$"
 
+STEP_TIME_KEY = "phalanx/step-time/"
+"""Rendezvous-store key prefix under which each rank keeps its recent step time (``<prefix><rank>``):
+JSON with job, attempt, rank, host (its pod's hostname), seconds (the median of its last steps) and
+step. The store pod serves it as ``phalanx_training_rank_step_*``, for ranks below its world cap
+only; the same wire contract as ``protocol.STEP_TIME_KEY`` and its bounds below."""
+STEP_TIME_MAX_BYTES = 512
+STEP_TIME_MAX_RANKS = 1024
+STEP_TIME_MAX_SECONDS = 86400
+"""A step time longer than a day is no measure (a rank that is that slow has hung)."""
+"""The most ranks a store serves step times of (the job's world cap, workers.max x processes, below it)."""
+STEP_TIME_HOST = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+"""A rank's host as a step-time record may name it (a pod's hostname: a DNS subdomain)."""
+
 
 def rendezvous_endpoint(job_name: str, namespace: str, port: int) -> str:
     """The store's address as workers dial it (resolved through the cluster's DNS search path)."""
@@ -177,3 +196,16 @@ def job_labels(job_name: str) -> dict[str, str]:
 def worker_selector(job_name: str) -> str:
     """The scale subresource's selector: the job's worker pods."""
     return f"{JOB_NAME_LABEL}={job_name},{ROLE_LABEL}={ROLE_WORKER}"
+
+
+# --- replica groups (spec.replicaGroups) ------------------------------------------------------
+REPLICA_GROUP_LABEL = f"{PREFIX}/replica-group"
+"""The replica group a worker belongs to (its index // replicaGroups.size)."""
+GROUP_GENERATION_LABEL = f"{PREFIX}/group-generation"
+"""How often the worker's group was restarted alone when the pod was made (status.replicaGroups)."""
+
+
+def group_rendezvous_id(job_uid: str, attempt: int, group: int, generation: int) -> str:
+    """Each replica group is a torchrun world of its own, and each restart of the group alone a new
+    one (a closed rendezvous cannot be reused)."""
+    return f"{rendezvous_id(job_uid, attempt)}-g{group}-{generation}"

@@ -22,6 +22,7 @@ from typing import Any
 
 from phalanx.reconcile import naming
 from phalanx.reconcile.status import parse_time
+from phalanx.reconcile.stragglers import Straggler
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,11 @@ class PodRecord:
     """The ``phalanx.dev/rank-address`` annotation (``topology.rank_addresses``)."""
     domain: str | None = None
     """The ``phalanx.dev/domain`` annotation: the topology domain the operator placed the pod in."""
+    group_generation: int | None = None
+    """The ``phalanx.dev/group-generation`` label (spec.replicaGroups): the generation of the
+    worker's replica group the pod was made for."""
+    save_now: str | None = None
+    """The ``phalanx.dev/save-now`` annotation: the save-now token the operator carried onto the pod."""
     ignored: tuple[str, ...] = ()
     """Keys of labels and annotations read from the pod whose value was too long or malformed
     (``POD_LABELS``, ``POD_ANNOTATIONS``), each read as absent."""
@@ -102,6 +108,18 @@ class QueuedWorkload:
     """Why it is not admitted yet, in Kueue's words (its QuotaReserved condition)."""
     evicted: str | None = None
     """The reason of its Evicted condition (Preempted, PodsReadyTimeout, ...), when true."""
+    uid: str = ""
+    boost_text: str | None = None
+    """Its ``kueue.x-k8s.io/priority-boost`` annotation as written (None: absent; longer than
+    ``MAX_BOOST_TEXT`` reads as unreadable, "")."""
+    annotated: bool = False
+    """Whether it has any annotations (a JSON patch adds a key only to a map that exists)."""
+
+    @property
+    def boost(self) -> int:
+        """The boost Kueue applies: the annotation as an integer, 0 when absent or unreadable."""
+        text = self.boost_text or ""
+        return int(text) if re.fullmatch(r"[+-]?[0-9]{1,10}", text) else 0
 
 
 @dataclass(frozen=True)
@@ -283,6 +301,13 @@ class Observed:
     spare_priority_class: str | None = None
     """The PriorityClass the operator gives warm spares (``PHALANX_SPARE_PRIORITY_CLASS``; the chart's
     ``phalanx-spare``), so that they rank below workers; None: spares take the workers' class."""
+    # -- the node ledger (issue 34) --
+    ledger_avoided: frozenset[str] = frozenset()
+    """Nodes the cluster-wide node ledger scores past its threshold (``reconcile.node_ledger``):
+    every job's new pods keep off them."""
+    stragglers: tuple[Straggler, ...] = ()
+    """Ranks of the current attempt the progress poller found persistently slower than the others
+    (``reconcile.stragglers``; only with the node ledger on): evidence against their pods' nodes."""
 
     def workers(self) -> list[PodRecord]:
         """Worker pods, any attempt."""
@@ -335,11 +360,19 @@ DNS_NAME = ValueFormat(
     re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"),
     253,
 )
+SAVE_NOW_TOKEN = ValueFormat(
+    "a token of at most 63 letters, digits and '-_.:+', beginning and ending with a letter or digit "
+    "(a timestamp such as 2026-01-31T12:00:00Z, say)",
+    re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.:+]*[A-Za-z0-9])?"),
+    63,
+)
+"""A ``phalanx.dev/save-now`` token, on the job (the user's) and on its pods (the operator's copy)."""
 
 POD_LABELS: Mapping[str, ValueFormat] = {
     naming.ROLE_LABEL: LABEL_VALUE,
     naming.WORKER_INDEX_LABEL: COUNT,
     naming.ATTEMPT_LABEL: COUNT,
+    naming.GROUP_GENERATION_LABEL: COUNT,
 }
 """The labels read from a pod (the API server bounds labels too, not their meaning)."""
 
@@ -350,6 +383,7 @@ POD_ANNOTATIONS: Mapping[str, ValueFormat] = {
     naming.RENDEZVOUS_ID_ANNOTATION: LABEL_VALUE,
     naming.RANK_ADDRESS_ANNOTATION: DNS_NAME,
     naming.DOMAIN_ANNOTATION: LABEL_VALUE,
+    naming.SAVE_NOW_ANNOTATION: SAVE_NOW_TOKEN,
 }
 """The annotations read from a pod: the API server bounds only their total (256 KiB)."""
 
@@ -471,6 +505,8 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord:
         rendezvous_id=annotations.get(naming.RENDEZVOUS_ID_ANNOTATION),
         rank_address=annotations.get(naming.RANK_ADDRESS_ANNOTATION),
         domain=annotations.get(naming.DOMAIN_ANNOTATION),
+        group_generation=_int_or_none(labels.get(naming.GROUP_GENERATION_LABEL)),
+        save_now=annotations.get(naming.SAVE_NOW_ANNOTATION),
         ignored=tuple(ignored),
     )
 
@@ -491,15 +527,27 @@ def object_record(obj: Mapping[str, Any]) -> ObjectRecord:
     )
 
 
+BOOST_ANNOTATION = "kueue.x-k8s.io/priority-boost"
+"""Kueue's priority-boost annotation (v0.17, feature gate PriorityBoost): effective priority =
+priority + this signed integer."""
+MAX_BOOST_TEXT = 11
+
+
 def queued_workload(obj: Mapping[str, Any]) -> QueuedWorkload:
     """Project a Kueue Workload (kueue.x-k8s.io/v1beta2) onto a QueuedWorkload."""
     conditions = (obj.get("status") or {}).get("conditions") or []
     admitted = _condition(conditions, "Admitted") or {}
     reserved = _condition(conditions, "QuotaReserved") or {}
     evicted = _condition(conditions, "Evicted") or {}
+    metadata = obj.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    boost = annotations.get(BOOST_ANNOTATION) if isinstance(annotations, Mapping) else None
     return QueuedWorkload(
-        name=(obj.get("metadata") or {}).get("name", ""),
+        name=metadata.get("name", ""),
         admitted=admitted.get("status") == "True",
         message=str(reserved.get("message") or admitted.get("message") or ""),
         evicted=str(evicted.get("reason")) if evicted.get("status") == "True" else None,
+        uid=str(metadata.get("uid") or ""),
+        boost_text=(boost if len(boost) <= MAX_BOOST_TEXT else "") if isinstance(boost, str) else None,
+        annotated=bool(annotations),
     )

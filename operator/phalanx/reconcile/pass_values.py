@@ -32,6 +32,15 @@ class Avoidance:
 
 
 @dataclass(frozen=True)
+class GroupState:
+    """One replica group's restarts alone (status.replicaGroups; ``replica_groups``)."""
+
+    index: int
+    generation: int = 0
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
 class SlotClaim:
     """Slot ``index`` of ``attempt`` is the promoted spare ``pod``'s (UID ``uid``; status.slotClaims,
     ``slots``)."""
@@ -66,6 +75,8 @@ class Memory:
     """UIDs of workers of the attempt the operator deleted itself (status.removedWorkers)."""
     claims: tuple[SlotClaim, ...] = ()
     """Slots promoted spares hold (status.slotClaims; ``slots``)."""
+    groups: tuple[GroupState, ...] = ()
+    """Replica groups restarted alone (status.replicaGroups; ``replica_groups``); absent: generation 0."""
 
     @classmethod
     def of(cls, status: api.TrainingJobStatus) -> Memory:
@@ -89,6 +100,9 @@ class Memory:
             removed=frozenset(status.removed_workers or ()),
             claims=tuple(
                 SlotClaim(claim.index, claim.pod, claim.uid, claim.attempt) for claim in status.slot_claims or ()
+            ),
+            groups=tuple(
+                GroupState(group.index, group.generation, group.restarts) for group in status.replica_groups or ()
             ),
         )
 
@@ -189,6 +203,13 @@ class Context:
             and self.node_lost(pod) is None
             and node not in memory.avoided_nodes
         )
+
+    def avoided_nodes(self, memory: Memory) -> tuple[str, ...]:
+        """The nodes new pods keep off: the job's own (failurePolicy.avoidNodeSeconds) and those the
+        cluster-wide node ledger avoids (``node_ledger``)."""
+        if not self.observed.ledger_avoided:
+            return memory.avoided_nodes
+        return tuple(sorted({*memory.avoided_nodes, *self.observed.ledger_avoided}))
 
     def node_lost(self, pod: PodRecord) -> str | None:
         """Why the pod's node is taken for lost, or None: it was deleted, or it has not been Ready

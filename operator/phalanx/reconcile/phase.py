@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any, Literal
 
-from phalanx.reconcile import capacity, desired, naming, spares
+from phalanx.reconcile import capacity, desired, naming, replica_groups, spares
 from phalanx.reconcile.actions import Actions, event
 from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.observed import PodRecord
@@ -52,8 +52,9 @@ def scaling(context: Context, memory: Memory, launch: Launch, current: list[PodR
             index=index,
             attempt=memory.attempt,
             kueue_total=kueue_total,
-            avoid=memory.avoided_nodes,
+            avoid=context.avoided_nodes(memory),
             domain=memory.domain,
+            group_generation=replica_groups.slot_generation(spec, memory, index),
         )
         for index in filled.unfilled
         if naming.worker_pod_name(job.metadata.name, index) not in taken

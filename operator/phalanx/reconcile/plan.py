@@ -18,14 +18,17 @@ from datetime import datetime
 from typing import Any, Literal
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import naming, slots
+from phalanx.reconcile import naming, replica_groups, slots
 from phalanx.reconcile.actions import NOTHING, Deletion, Event
 from phalanx.reconcile.decide import decide
-from phalanx.reconcile.goodput import time_by_state
+from phalanx.reconcile.goodput import notice_savings, time_by_state
 from phalanx.reconcile.observed import Observed
 from phalanx.reconcile.pass_values import Context, Decision, Memory, concluded, finish
 from phalanx.reconcile.pod_patches import PodPatch
+from phalanx.reconcile.preemption_cost import WorkloadBoost, preemption_cost
+from phalanx.reconcile.save_now import save_now
 from phalanx.reconcile.status import TRAINING, PhaseView, conditions, format_optional_time, format_time, parse_time
+from phalanx.reconcile.training_progress import last_written as last_progress_write
 from phalanx.reconcile.training_progress import training_progress
 
 Object = dict[str, Any]
@@ -44,6 +47,10 @@ class Plan:
     requeue_after: float | None = None
     delete_job: bool = False
     rescaled: Literal["up", "down"] | None = None
+    boost: WorkloadBoost | None = None
+    """The Kueue Workload's priority boost to set (``reconcile.preemption_cost``), after status."""
+    notices: tuple[PodPatch, ...] = ()
+    """A pending save-now token carried onto running workers (``reconcile.save_now``), after status."""
 
     @property
     def promotes(self) -> bool:
@@ -54,7 +61,9 @@ class Plan:
     @property
     def changes_children(self) -> bool:
         """Whether the plan creates, changes or deletes anything besides status."""
-        return bool(self.apply or self.delete or self.move or self.address or self.delete_job)
+        return bool(
+            self.apply or self.delete or self.move or self.address or self.notices or self.delete_job or self.boost
+        )
 
 
 def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: Decision) -> Plan:
@@ -133,11 +142,30 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         status["workers"]["spares"] = spares_ready
     if checkpoint is not None:
         status["lastCheckpoint"] = checkpoint
+    newest = api.LastCheckpoint.model_validate(checkpoint) if checkpoint is not None else previous.last_checkpoint
+    request, notices = save_now(job, previous, newest, observed.pods, attempt=memory.attempt, phase=view.phase, now=now)
+    if request is not None:  # else the one there stands (a merge patch keeps it)
+        status["saveNow"] = request
+    savings = notice_savings(previous, memory, observed.progress, gpus_per_worker=job.spec.gpus.count, now=now)
+    if savings is not None:  # else the one there stands
+        status["noticeSavings"] = savings
     progress, progress_due = training_progress(
         previous, observed.reported, job_uid=job.metadata.uid, phase=view.phase, now=now
     )
     if progress is not None:  # None: the one there stands (a merge patch keeps it)
         status["progress"] = progress
+    cost_changed, cost, boost, cost_due = preemption_cost(
+        previous,
+        view.phase,
+        workers=len(still_active),
+        gpus_per_worker=job.spec.gpus.count,
+        workload=observed.workload,
+        progress_written=progress is not None,
+        progress_time=last_progress_write(previous),
+        now=now,
+    )
+    if cost_changed:  # else the one there stands (a merge patch keeps it); None removes it
+        status["preemptionCost"] = cost
     if decision.restart_mode is not None:
         status["restartMode"] = decision.restart_mode
     status["startTime"] = format_optional_time(memory.start_time)
@@ -146,21 +174,28 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     topology = job.spec.placement.topology if job.spec.placement else None
     status["placement"] = {"key": topology.key, "domain": memory.domain} if topology is not None else None
     status["slotClaims"] = slots.recorded(memory, decision.actions.move)
+    if job.spec.replica_groups is not None:
+        status["replicaGroups"] = replica_groups.status_entries(
+            job.spec, memory, observed.workers(), observed.node_labels
+        )
     status["avoidedNodes"] = [
         {"node": entry.node, "reason": entry.reason, "message": entry.message, "until": format_time(entry.until)}
         for entry in memory.avoided
     ] or None
-    requeue = [*decision.actions.requeue, *([progress_due] if progress_due is not None else [])]
+    due = [wait for wait in (progress_due, cost_due) if wait is not None]
+    requeue = [*decision.actions.requeue, *due]
     return Plan(
         apply=decision.apply,
         delete=deletions,
         move=tuple(dict.fromkeys(decision.actions.move)),
         address=tuple(dict.fromkeys(decision.actions.address)),
+        notices=notices,
         status=status,
         events=tuple(events),
         requeue_after=min(requeue) if requeue else None,
         delete_job=decision.delete_job,
         rescaled=decision.rescaled,
+        boost=boost,
     )
 
 
@@ -221,7 +256,16 @@ def status_changed(current: api.TrainingJobStatus | dict[str, Any] | None, propo
 # Status keys that only report progress (counts and their wording); everything else (phase,
 # reason, conditions, attempt, counters, counted failures) is a decision and is written at once.
 PROGRESS_KEYS = frozenset(
-    {"message", "workers", "replicas", "workerSummary", "trainingSeconds", "lastCheckpoint", "progress"}
+    {
+        "message",
+        "workers",
+        "replicas",
+        "workerSummary",
+        "trainingSeconds",
+        "lastCheckpoint",
+        "progress",
+        "preemptionCost",
+    }
 )
 
 

@@ -2,8 +2,9 @@
 operations make each apply only to the pod it was planned for (its UID, at its attempt, a spare
 while it is one), so a repeated patch, or one planned from a view the pod has left, changes nothing.
 
-Three patches exist: moving a pod an in-place gang restart keeps to the new attempt, promoting a
-warm spare into a slot, and giving a supervised worker its rank address. The API server receives
+Four patches exist: moving a pod an in-place gang restart keeps to the new attempt, promoting a
+warm spare into a slot, giving a supervised worker its rank address, and carrying a save-now token
+onto a running worker (``reconcile.save_now``). The API server receives
 ``PodPatch.body()`` as it is; the client knows nothing of phalanx's labels.
 """
 
@@ -110,4 +111,12 @@ def rank_address(name: str, uid: str, attempt: int, address: str) -> PodPatch:
     its address (``naming.RANK_ADDRESS_ANNOTATION``): the rendezvous numbers its agents in the sort
     order of these names (``topology.rank_addresses``)."""
     given = PatchOperation("add", annotation(naming.RANK_ADDRESS_ANNOTATION), address)
+    return PodPatch(name, uid, attempt, (*_at_attempt(uid, attempt), given))
+
+
+def save_now(name: str, uid: str, attempt: int, token: str) -> PodPatch:
+    """Carry the job's save-now ``token`` (``reconcile.save_now``) onto a running worker at
+    ``attempt``: one annotation, which its workers read from a downward-API file. "add" replaces a
+    value that is there, so the patch is the same however often it is sent."""
+    given = PatchOperation("add", annotation(naming.SAVE_NOW_ANNOTATION), token)
     return PodPatch(name, uid, attempt, (*_at_attempt(uid, attempt), given))

@@ -21,7 +21,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 from phalanx.api import v1alpha1 as api
-from phalanx.reconcile import naming, pod_patches, spares
+from phalanx.reconcile import naming, pod_patches, replica_groups, spares
 from phalanx.reconcile.actions import NOTHING, Actions, event, requeue
 from phalanx.reconcile.failures import Failure, classify
 from phalanx.reconcile.observed import PodRecord
@@ -84,6 +84,14 @@ def handle_failures(context: Context, memory: Memory, current: list[PodRecord]) 
             blamed.append((pod, lost))
     memory, avoiding = avoid_nodes(context, memory, blamed)
     actions += avoiding
+    if spec.replica_groups is not None and not store_lost:
+        # replica groups fail alone while at least replicaGroups.min groups train on
+        alone = replica_groups.restart_groups(context, memory, current, failures, deleted)
+        if alone is None:  # too few groups train on: the whole gang, from the latest checkpoint
+            gone = [pod for pod, _ in failures] + deleted
+            why = replica_groups.shortfall(spec, memory, current, gone)
+            alone = gang_restart(context, memory, current, failures, store_lost=False, shortfall=why)
+        return replace(alone, actions=actions + alone.actions)
     failed = {pod.name for pod, _ in failures}
     survivors = [pod for pod in current if pod.active and pod.name not in failed and not memory.already_counted(pod)]
     # A Kueue pod group has a fixed size and is never refilled: losing a worker ends it.
@@ -250,8 +258,10 @@ def gang_restart(
     *,
     store_lost: bool,
     cause: Failure | None = None,
+    shortfall: str | None = None,
 ) -> Step:
-    """Record the failure and a new attempt (with backoff when counted), and stop the old gang."""
+    """Record the failure and a new attempt (with backoff when counted), and stop the old gang.
+    ``shortfall``: why too few train on, when not workers.min (replica groups say it in groups)."""
     spec = context.spec
     store = context.observed.store()
     failure = gang_cause(context, failures, store_lost=store_lost, cause=cause)
@@ -283,7 +293,9 @@ def gang_restart(
     if kept:
         how = f"restarting the gang in place as attempt {memory.attempt} ({len(kept)} of {len(current)} workers kept)"
     message = f"{failure.message}; fewer than min ({spec.workers.min}) workers remain, {how}"
-    if store_lost or (cause is not None and spec.gang.scheduler != "kueue"):
+    if shortfall is not None:
+        message = f"{failure.message}; {shortfall}, {how}"
+    elif store_lost or (cause is not None and spec.gang.scheduler != "kueue"):
         message = f"{failure.message}; {how}"
     elif spec.gang.scheduler == "kueue":
         message = f"{failure.message}; {how} (a new Kueue pod group)"

@@ -204,7 +204,7 @@ def upkeep(
             launch,
             serial=next(serials),
             attempt=memory.attempt,
-            avoid=memory.avoided_nodes,
+            avoid=context.avoided_nodes(memory),
             domain=memory.domain,
             priority_class=context.observed.spare_priority_class,
         )

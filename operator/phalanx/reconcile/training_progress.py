@@ -122,6 +122,13 @@ def derived(
     return progress, recheck
 
 
+def last_written(previous: api.TrainingJobStatus) -> datetime | None:
+    """When ``status.progress`` was last written (its newest sample): the clock its pacing, and
+    ``status.preemptionCost``'s, run on. None: never written."""
+    samples = previous.progress.samples if previous.progress is not None else None
+    return sample_moment(samples[-1].time) if samples else None
+
+
 def training_progress(
     previous: api.TrainingJobStatus,
     reported: ReportedProgress | None,

@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep per step (slows the demo)")
     args = parser.parse_args(argv)
 
+    if os.environ.get("PHALANX_REPLICA_GROUP") is not None:
+        return train_in_groups(args.steps, args.log_every, args.step_seconds)
+
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -56,6 +59,57 @@ def main(argv: list[str] | None = None) -> int:
             if args.step_seconds:
                 time.sleep(args.step_seconds)
         print(f"phalanx-demo: done rank={rank} world_size={world} steps={args.steps}", flush=True)
+    return 0
+
+
+def train_in_groups(steps: int, log_every: int, step_seconds: float) -> int:
+    """The demo in a replica group (spec.replicaGroups): DDP inside the group's torchrun world,
+    the per-step quorum across groups (``phalanx.worker.replica_groups``). Every step taken prints
+    ``step=N loss=X group=G members=...``; a group that joins a running job prints where it joined
+    and the step it healed at (that step's loss is the healed weights', taken from a peer group)."""
+    # before torch's import: how long a returning group takes to start shows in the log's stamps
+    print(f"phalanx-demo: group={os.environ['PHALANX_REPLICA_GROUP']} process started", flush=True)
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from phalanx.worker.replica_groups import ReplicaGroupTrainer
+
+    group = int(os.environ["PHALANX_REPLICA_GROUP"])
+    grouped = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if grouped:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if grouped else 0
+    torch.manual_seed(0)  # every group starts from the same weights, as DDP's ranks do
+    model: torch.nn.Module = torch.nn.Linear(4, 1)
+    if grouped:
+        model = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    trainer = ReplicaGroupTrainer.from_env(model, optimizer)
+    assert trainer is not None
+    step = trainer.start()
+    print(f"phalanx-demo: group={group} rank={rank} starting at step={step}", flush=True)
+    true_weight = torch.tensor([[2.0, -3.0, 0.5, 1.0]])
+    while step <= steps:
+        generator = torch.Generator().manual_seed(step * 1000 + group * 10 + rank)
+        inputs = torch.randn(32, 4, generator=generator)
+        targets = inputs @ true_weight.T + 0.7
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        step = trainer.step(step)
+        if trainer.healed_at == step:
+            print(f"phalanx-demo: group={group} healed at step={step} from a peer group", flush=True)
+            with torch.no_grad():  # the loss above was the replaced weights': print the peer's
+                loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        optimizer.step()
+        if step % log_every == 0 or step == 1:
+            members = ",".join(str(one) for one in trainer.members)
+            print(f"phalanx-demo: step={step} loss={loss.item():.6f} group={group} members={members}", flush=True)
+        if step_seconds:
+            time.sleep(step_seconds)
+        step += 1
+    print(f"phalanx-demo: done group={group} rank={rank} steps={steps}", flush=True)
     return 0
 
 

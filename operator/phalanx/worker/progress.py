@@ -8,6 +8,11 @@ serves the record to the operator, which writes ``status.progress``. The record'
 are the wire contract in ``phalanx.worker.protocol`` (docs/worker.md). Only global rank 0 records
 unless asked otherwise; without a store (a plain local run) nothing is pushed. Nothing here raises
 into training: bad values are dropped, failed pushes are retried and logged once per streak.
+
+Every rank that calls ``report`` (call it on every rank: it is cheap) also measures its own step
+time, the median of its last ``STEP_TIME_WINDOW`` steps, and pushes it with its pod's hostname
+under ``STEP_TIME_KEY<rank>``: the operator compares the ranks and grades the node of one that is
+persistently slower than the others (stragglers, docs/lifecycle.md#stragglers-slowness-on-the-ledger).
 """
 
 from __future__ import annotations
@@ -18,16 +23,26 @@ import math
 import numbers
 import os
 import re
+import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
 from phalanx.worker import rendezvous_store
-from phalanx.worker.protocol import PROGRESS_KEY, PROGRESS_MAX_BYTES, PROGRESS_MAX_METRICS, PROGRESS_METRIC_NAME
+from phalanx.worker.protocol import (
+    PROGRESS_KEY,
+    PROGRESS_MAX_BYTES,
+    PROGRESS_MAX_METRICS,
+    PROGRESS_METRIC_NAME,
+    STEP_TIME_HOST,
+    STEP_TIME_KEY,
+    STEP_TIME_MAX_BYTES,
+)
 
 PUSH_SECONDS_ENV = "PHALANX_PROGRESS_PUSH_SECONDS"
 DEFAULT_PUSH_SECONDS = 5.0
@@ -38,6 +53,11 @@ EXIT_FLUSH_SECONDS = 2.0
 _METRIC_NAME = re.compile(PROGRESS_METRIC_NAME)
 _NAME_CHARACTER = re.compile(r"[^A-Za-z0-9_./-]")
 _NAME_LENGTH = 63  # what PROGRESS_METRIC_NAME allows
+_HOST = re.compile(STEP_TIME_HOST)
+STEP_TIME_WINDOW = 16
+"""A rank's step time is the median over this many of its last steps (one slow step is no straggler)."""
+STEP_TIME_MIN_SAMPLES = 3
+"""Steps timed before a rank reports a step time (the first steps of a run warm up)."""
 
 
 class StoreClient(Protocol):
@@ -96,6 +116,7 @@ class Reporter:
         environ: Mapping[str, str] | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         connect: Connect | None = None,
         connect_timeout: timedelta = CONNECT_TIMEOUT,
     ) -> None:
@@ -104,10 +125,20 @@ class Reporter:
         self.address = rendezvous_store.store_address(environ)
         self.job = environ.get("PHALANX_JOB_UID", "")
         self.attempt = _count(_int_or_none(environ.get("PHALANX_ATTEMPT", "0"))) or 0
+        self.job_rank = _job_rank(environ, self.rank)
+        """This process's rank in the whole job: ``RANK``, or with replica groups (each its own
+        world, numbered from 0) the group's first rank plus ``RANK``. The key of its step time."""
+        host = environ.get("HOSTNAME", "").strip().lower()
+        self.host = host if _HOST.match(host) else None
+        """The pod's hostname (its name, or its hostname when the pod sets one): what the operator
+        finds this rank's pod, and so its node, by. None: no step time is pushed."""
         self.push_seconds = _push_seconds(environ)
         self.pushes = 0
         """Records the store accepted (for tests and debugging)."""
         self._clock = clock
+        self._monotonic = monotonic
+        self._step_seconds: deque[float] = deque(maxlen=STEP_TIME_WINDOW)
+        self._last_timed: tuple[int, float] | None = None  # (step, monotonic time) of the last report
         self._connect: Connect = connect or rendezvous_store.connect
         self._connect_timeout = connect_timeout
         self._lock = threading.Lock()
@@ -139,12 +170,14 @@ class Reporter:
     ) -> None:
         """Record the step reached (and the total, once known) and a few named metrics at it.
 
-        Only global rank 0 records unless ``all_ranks``. A ``total_steps`` of None keeps the
-        total already known. Values that are not finite numbers are dropped, never raised."""
-        if self.rank != 0 and not all_ranks:
-            return
+        Only global rank 0 records unless ``all_ranks``; every rank times its steps (``time_step``).
+        A ``total_steps`` of None keeps the total already known. Values that are not finite numbers
+        are dropped, never raised."""
         step_count = _count(step)
         if step_count is None:
+            return
+        self.time_step(step_count)
+        if self.rank != 0 and not all_ranks:
             return
         total = _count(total_steps)
         now = self._clock()
@@ -173,13 +206,66 @@ class Reporter:
                     continue
                 self._metrics[name] = _Metric(value, step_count, now)
             self._version += 1
-            start = self._thread is None and self.address is not None
-            if start:
-                self._thread = threading.Thread(target=self._run, name="phalanx-progress", daemon=True)
+            start = self._thread_to_start()
         if start:
-            assert self._thread is not None  # set just above
-            self._thread.start()
-            atexit.register(self.flush, EXIT_FLUSH_SECONDS)
+            self._start_thread()
+
+    def time_step(self, step: int) -> None:
+        """Time this rank's steps: the seconds per step since the last call with a lower step (a
+        step that goes back, a restart from a checkpoint, begins the measure again)."""
+        if self.host is None or self.address is None or self.job_rank is None:
+            return  # nowhere to report it, or no pod to blame
+        now = self._monotonic()
+        with self._lock:
+            last, self._last_timed = self._last_timed, (step, now)
+            if last is None or step < last[0]:
+                self._step_seconds.clear()
+                return
+            if step == last[0] or now <= last[1]:
+                self._last_timed = last  # the same step again: keep timing from its first report
+                return
+            seconds = (now - last[1]) / (step - last[0])
+            if not math.isfinite(seconds):
+                return
+            self._step_seconds.append(seconds)
+            if len(self._step_seconds) < STEP_TIME_MIN_SAMPLES:
+                return
+            self._version += 1
+            start = self._thread_to_start()
+        if start:
+            self._start_thread()
+
+    def step_time_record(self) -> dict[str, Any] | None:
+        """This rank's step-time record as the store gets it (None until enough steps are timed)."""
+        with self._lock:
+            return self._step_time_record()
+
+    def _step_time_record(self) -> dict[str, Any] | None:
+        if self.host is None or self.job_rank is None or self._last_timed is None:
+            return None
+        if len(self._step_seconds) < STEP_TIME_MIN_SAMPLES:
+            return None
+        record = {
+            "job": self.job,
+            "attempt": self.attempt,
+            "rank": self.job_rank,
+            "host": self.host,
+            "seconds": statistics.median(self._step_seconds),
+            "step": self._last_timed[0],
+        }
+        return record if len(_encode(record)) <= STEP_TIME_MAX_BYTES else None
+
+    def _thread_to_start(self) -> bool:
+        """Under the lock: whether the caller is to start the push thread (the first record)."""
+        start = self._thread is None and self.address is not None
+        if start:
+            self._thread = threading.Thread(target=self._run, name="phalanx-progress", daemon=True)
+        return start
+
+    def _start_thread(self) -> None:
+        assert self._thread is not None  # set by _thread_to_start
+        self._thread.start()
+        atexit.register(self.flush, EXIT_FLUSH_SECONDS)
 
     def record(self) -> dict[str, Any] | None:
         """The record as the store gets it (None before the first report), within PROGRESS_MAX_BYTES."""
@@ -228,20 +314,25 @@ class Reporter:
     def _push_if_changed(self) -> None:
         with self._lock:
             version, requests = self._version, self._flush_requests
-            record = self._record() if version != self._pushed else None
-        pushed = record is not None and self._push(_encode(record))
+            records: list[tuple[str, dict[str, Any] | None]] = []
+            if version != self._pushed:
+                step_key = f"{STEP_TIME_KEY}{self.job_rank}"
+                records = [(PROGRESS_KEY, self._record()), (step_key, self._step_time_record())]
+        payloads = [(key, _encode(record)) for key, record in records if record is not None]
+        pushed = bool(payloads) and self._push(payloads)
         with self._lock:
             if pushed:
                 self._pushed = version
             self._flushes_served = requests
             self._attempted.notify_all()
 
-    def _push(self, payload: str) -> bool:
+    def _push(self, payloads: list[tuple[str, str]]) -> bool:
         assert self.address is not None  # no thread without a store
         try:
             if self._client is None:
                 self._client = self._connect(*self.address, self._connect_timeout)
-            self._client.set(PROGRESS_KEY, payload)
+            for key, payload in payloads:
+                self._client.set(key, payload)
         except (RuntimeError, OSError, ValueError) as error:  # torch raises DistStoreError (a RuntimeError)
             self._client = None  # connect afresh next time: the store pod may have been replaced
             if not self._failing:
@@ -253,6 +344,18 @@ class Reporter:
             _log("progress pushes to the rendezvous store work again")
         self.pushes += 1
         return True
+
+
+def _job_rank(environ: Mapping[str, str], rank: int) -> int | None:
+    """``rank`` in the whole job (see ``Reporter.job_rank``); None when the group's numbers are unreadable."""
+    if "PHALANX_REPLICA_GROUP" not in environ:
+        return rank
+    group = _count(_int_or_none(environ.get("PHALANX_REPLICA_GROUP")))
+    size = _count(_int_or_none(environ.get("PHALANX_REPLICA_GROUP_SIZE")))
+    per_worker = _count(_int_or_none(environ.get("LOCAL_WORLD_SIZE", "1")))
+    if group is None or not size or not per_worker:
+        return None
+    return group * size * per_worker + rank
 
 
 def _int_or_none(text: str | None) -> int | None:
@@ -326,7 +429,7 @@ def transformers_callback(metrics: Collection[str] | None = None, reporter: Repo
     """A ``transformers.TrainerCallback`` that reports the Trainer's step, max steps and logged metrics.
 
     ``metrics`` names the log entries to report (default: every number logged but speeds and
-    FLOPs). Only the world's process zero reports."""
+    FLOPs). Only the world's process zero reports; every rank times its steps."""
     return _transformers_callback_class()(metrics, reporter)
 
 
@@ -345,9 +448,10 @@ def _transformers_callback_class() -> type:
             self.reporter = reporter
 
         def _report(self, state: Any, logs: Mapping[str, Any] | None) -> None:
-            if not state.is_world_process_zero:
-                return
             reporter = self.reporter or default_reporter()
+            if not state.is_world_process_zero:
+                reporter.time_step(state.global_step)  # every rank's step time (stragglers)
+                return
             total = state.max_steps if state.max_steps and state.max_steps > 0 else None
             reporter.report(state.global_step, total, _logged_metrics(logs or {}, self.names), all_ranks=True)
 
@@ -376,7 +480,7 @@ def lightning_callback(
     """A Lightning ``Callback`` that reports the global step, the steps the fit will take and the
     numbers in ``trainer.callback_metrics`` (read every ``metrics_every_steps`` steps or
     ``metrics_every_seconds``, whichever comes first, and after each validation: reading a GPU
-    tensor synchronises the device). Only global rank 0 reports."""
+    tensor synchronises the device). Only global rank 0 reports; every rank times its steps."""
     return _lightning_callback_class()(metrics_every_steps, metrics_every_seconds, reporter)
 
 
@@ -425,6 +529,7 @@ def _lightning_callback_class() -> type:
 
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             if trainer.global_rank != 0:
+                (self.reporter or default_reporter()).time_step(trainer.global_step)  # stragglers
                 return
             due = (
                 trainer.global_step - self._read_step >= self.every_steps

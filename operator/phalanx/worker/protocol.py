@@ -35,3 +35,21 @@ PROGRESS_MAX_BYTES = 4096
 PROGRESS_MAX_METRICS = 8
 PROGRESS_METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]{0,62}$"
 """A metric's name in a progress record (the worker replaces other characters with ``_``)."""
+
+SAVE_NOW_FILE_ENV = "PHALANX_SAVE_NOW_FILE"
+"""Set on the workers of a job with spec.checkpoint: the downward-API file that holds the pod's
+``phalanx.dev/save-now`` annotation (empty while it has none), which the kubelet rewrites when the
+operator carries a new save-now token onto the pod. A rank that reads a token it has not handled
+asks the world to save at the next step boundary (``TrainingSession``)."""
+SAVE_NOW_MAX_BYTES = 64
+"""A token is at most 63 characters (the operator carries only such tokens); a longer file is a
+value a tenant wrote onto the pod and is ignored."""
+
+STEP_TIME_KEY = "phalanx/step-time/"
+"""Rendezvous-store key prefix under which every rank keeps its recent step time (``<prefix><rank>``):
+JSON with job, attempt, rank, host (``HOSTNAME``: the pod's), seconds (the median time of its last
+steps) and step. The store pod serves the records of ranks below the job's world cap, each whole and
+bounded, and the operator judges stragglers from them (docs/worker.md)."""
+STEP_TIME_MAX_BYTES = 512
+STEP_TIME_MAX_RANKS = 1024
+STEP_TIME_HOST = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"

@@ -9,8 +9,10 @@ Typical use in a training script launched by torchrun::
 
 ``steps`` resumes from the latest complete checkpoint, saves every ``checkpoint_every`` steps,
 and stops cleanly on SIGTERM: a saving is collective, so the signalled rank cannot save alone.
-Every step the ranks agree through a one-element all-reduce whether anyone was asked to stop;
-if so, all of them save a final checkpoint together. The signalled ranks then exit with 143
+Every step the ranks agree through one small all-reduce whether anyone was asked to stop, and
+whether anyone read a save-now token it has not handled (``SaveNowNotice``: the job's
+``phalanx.dev/save-now`` annotation, which the operator carries onto the pods); if so, all of
+them save a checkpoint together at that step, and a save-now goes on training. The signalled ranks then exit with 143
 (a deliberate non-zero, so a stopping worker is never mistaken for a finished job); the others
 carry on, and torchrun re-forms the world without the departed worker, resuming from that save.
 
@@ -27,10 +29,12 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import hashlib
 import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from types import FrameType, TracebackType
@@ -39,11 +43,58 @@ from typing import Any
 from phalanx.worker import metrics, progress, rendezvous_store
 from phalanx.worker.backend import choose_backend
 from phalanx.worker.checkpoint import CheckpointStore
-from phalanx.worker.protocol import COMPLETION_KEY
+from phalanx.worker.protocol import COMPLETION_KEY, SAVE_NOW_FILE_ENV, SAVE_NOW_MAX_BYTES
 
 STOPPED_BY_SIGNAL = 143
 STORE_TIMEOUT = timedelta(seconds=10)
 PROGRESS_FLUSH_SECONDS = 5.0
+
+
+SAVE_NOW_CHECK_SECONDS = 1.0
+"""A rank reads its save-now file at most this often (a step boundary may come every millisecond)."""
+HANDLED_TOKENS = 16
+"""Save-now tokens a rank remembers as handled (a rank's file may show an older one for a while)."""
+
+
+def token_key(token: str) -> int:
+    """A token as a positive integer below 2**48 that every rank computes alike: the all-reduce
+    that agrees on saving carries numbers, not text."""
+    return int.from_bytes(hashlib.sha256(token.encode()).digest()[:6], "big") | 1
+
+
+class SaveNowNotice:
+    """The pod's save-now token, read from the downward-API file ``SAVE_NOW_FILE_ENV`` names: at
+    most once per ``SAVE_NOW_CHECK_SECONDS``, at most ``SAVE_NOW_MAX_BYTES`` bytes. A missing or
+    unreadable file, an empty one, or one that is not a short token of printable ASCII reads as no
+    token (the annotation is on the tenant's own pod, but a training step must never fail on it)."""
+
+    def __init__(self, path: str | None, clock: Any = time.monotonic) -> None:
+        self.path = path
+        self._clock = clock
+        self._read_at: float | None = None
+        self._token: str | None = None
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> SaveNowNotice:
+        environ = os.environ if environ is None else environ
+        return cls(environ.get(SAVE_NOW_FILE_ENV) or None)
+
+    def token(self) -> str | None:
+        if self.path is None:
+            return None
+        now = self._clock()
+        if self._read_at is not None and now - self._read_at < SAVE_NOW_CHECK_SECONDS:
+            return self._token
+        self._read_at = now
+        try:
+            with open(self.path, "rb") as handle:
+                data = handle.read(SAVE_NOW_MAX_BYTES)
+        except OSError:
+            data = b""
+        text = data.strip()
+        readable = 0 < len(text) < SAVE_NOW_MAX_BYTES and all(33 <= byte < 127 for byte in text)
+        self._token = text.decode("ascii") if readable else None
+        return self._token
 
 
 class Progress:
@@ -76,6 +127,9 @@ class TrainingSession:
         self.metrics: metrics.WorkerMetrics | None = None
         self._signalled = False
         self._previous_handler: Any = None
+        self.notice = SaveNowNotice.from_environment()
+        self._handled: list[int] = []
+        """Keys of the save-now tokens this rank's world saved for, newest last."""
         self.completed = False
         """Every step up to the total ran (set by ``steps``)."""
 
@@ -151,14 +205,22 @@ class TrainingSession:
 
     def stop_agreed(self) -> bool:
         """Collective: True on every rank when any rank was asked to stop."""
+        return self.notices_agreed()[0]
+
+    def notices_agreed(self) -> tuple[bool, int]:
+        """Collective, one all-reduce: whether any rank was asked to stop, and the key of a
+        save-now token some rank read and has not handled (0: none), alike on every rank."""
         import torch
         import torch.distributed as dist
 
-        flag = torch.tensor([1.0 if self._signalled else 0.0])
+        token = self.notice.token()
+        key = token_key(token) if token is not None else 0
+        flags = torch.tensor([1 if self._signalled else 0, 0 if key in self._handled else key], dtype=torch.int64)
         if self.backend == "nccl":
-            flag = flag.cuda()
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
+            flags = flags.cuda()
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop, agreed = (int(value) for value in flags.tolist())
+        return stop > 0, agreed
 
     def resume(self, state: dict[str, Any]) -> int:
         """Collective: load the newest complete checkpoint into ``state``; returns the step to start at."""
@@ -179,10 +241,14 @@ class TrainingSession:
             self.resumed_from = self._last_saved = step
         return self.progress.step
 
-    def save(self, state: dict[str, Any]) -> None:
-        """Collective: commit a checkpoint of ``state`` at the current step."""
+    def save(self, state: dict[str, Any], *, save_now: int | None = None) -> None:
+        """Collective: commit a checkpoint of ``state`` at the current step (``save_now``: the key
+        of the save-now token it answers, recorded in its marker)."""
         if self.store is not None:
-            self.store.save(state, self.progress.step, {"samples": self.progress.samples})
+            extra: dict[str, Any] = {"samples": self.progress.samples}
+            if save_now is not None:
+                extra["saveNow"] = save_now
+            self.store.save(state, self.progress.step, extra)
             self._last_saved = self.progress.step
             if self.metrics is not None:
                 self.metrics.checkpoint_committed(self.progress.step)
@@ -202,10 +268,17 @@ class TrainingSession:
             self.progress.samples += samples_per_step
             if reporting:
                 progress.report(step, total, all_ranks=True)
+            else:  # every rank's step time feeds the node ledger's straggler rule
+                progress.default_reporter().time_step(step)
             if self.metrics is not None:
                 self.metrics.step_done(samples_per_step, step)
-            if self.stop_agreed():
-                self.save(state)
+            stop, save_now = self.notices_agreed()
+            if save_now:
+                self._handled = [*self._handled, save_now][-HANDLED_TOKENS:]
+            if stop or save_now:
+                self.save(state, save_now=save_now or None)
+                if save_now and self.rank == 0 and self.store is not None:
+                    print(f"phalanx: saved step {step} at a save-now request", flush=True)
                 if self._signalled:
                     sys.stdout.flush()
                     if reporting:  # os._exit skips atexit's flush

@@ -54,6 +54,23 @@ def pod_info_volume() -> dict[str, Any]:
     }
 
 
+SAVE_NOW_FILE = "save-now"
+"""In ``naming.NOTICES_DIR``: the pod's ``phalanx.dev/save-now`` annotation (``reconcile.save_now``)."""
+
+
+def notices_volume() -> dict[str, Any]:
+    """What the workers of a job with spec.checkpoint read without a restart: the save-now token
+    the operator carries onto the pod, which the kubelet rewrites when the annotation changes (an
+    empty file while there is none). Only such jobs get it: only they have somewhere to save, and
+    every other job's pods stay as they were. ``phalanx.worker.protocol.SAVE_NOW_FILE_ENV`` names
+    the file."""
+    ref = f"metadata.annotations['{naming.SAVE_NOW_ANNOTATION}']"
+    return {
+        "name": naming.NOTICES_VOLUME,
+        "downwardAPI": {"items": [{"path": SAVE_NOW_FILE, "fieldRef": {"fieldPath": ref}}]},
+    }
+
+
 def keep_off(pod_spec: dict[str, Any], nodes: Sequence[str]) -> None:
     """Require the pod to stay off ``nodes`` (by node name, ``matchFields`` on ``metadata.name``,
     which unlike the hostname label always names the node): one requirement per node (the API
@@ -125,8 +142,56 @@ def place_in_domain(pod_spec: dict[str, Any], job: api.TrainingJob, domain: str 
     )
 
 
+def place_replica_group(
+    pod_spec: dict[str, Any],
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    job: api.TrainingJob,
+    index: int,
+    attempt: int,
+    generation: int,
+) -> None:
+    """A worker of a replica group (spec.replicaGroups): labelled with its group and generation,
+    given its group's rendezvous id (supervised pods read it from the pod-info files), and, with a
+    topology key, required to share a domain with the rest of its group at this generation: the
+    first pod of the group lands where it fits and the others follow it, so the group is placed
+    as a unit while different groups may land in different domains."""
+    groups = job.spec.replica_groups
+    assert groups is not None
+    group = index // groups.size
+    labels[naming.REPLICA_GROUP_LABEL] = str(group)
+    labels[naming.GROUP_GENERATION_LABEL] = str(generation)
+    if naming.RENDEZVOUS_ID_ANNOTATION in annotations:
+        annotations[naming.RENDEZVOUS_ID_ANNOTATION] = naming.group_rendezvous_id(
+            job.metadata.uid, attempt, group, generation
+        )
+    if groups.topology is None:
+        return
+    peers = {
+        "labelSelector": {
+            "matchLabels": {
+                naming.JOB_NAME_LABEL: job.metadata.name,
+                naming.ROLE_LABEL: naming.ROLE_WORKER,
+                naming.ATTEMPT_LABEL: str(attempt),
+                naming.REPLICA_GROUP_LABEL: str(group),
+                naming.GROUP_GENERATION_LABEL: str(generation),
+            }
+        },
+        "topologyKey": groups.topology,
+    }
+    affinity = pod_spec.setdefault("affinity", {})
+    pod_affinity = affinity.setdefault("podAffinity", {})
+    pod_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", []).append(peers)
+
+
 def _trainer_container(
-    job: api.TrainingJob, launch: Launch, container: dict[str, Any], *, attempt: int, index: int | None
+    job: api.TrainingJob,
+    launch: Launch,
+    container: dict[str, Any],
+    *,
+    attempt: int,
+    index: int | None,
+    group_generation: int = 0,
 ) -> dict[str, Any]:
     spec = job.spec
     profile = transport_profile(spec, launch, job.metadata.namespace)
@@ -138,10 +203,13 @@ def _trainer_container(
         job_uid=job.metadata.uid,
         attempt=attempt,
         index=index,
+        group_generation=group_generation,
     )
     ours.append({"name": JOB_UID_ENV, "value": job.metadata.uid})
     if ranks_follow_placement(job, launch):  # phalanx.worker.protocol.RANK_ADDRESS_ENV
         ours.append({"name": "PHALANX_RANK_ADDRESS", "value": "1"})
+    if spec.checkpoint is not None:  # phalanx.worker.protocol.SAVE_NOW_FILE_ENV
+        ours.append({"name": "PHALANX_SAVE_NOW_FILE", "value": f"{naming.NOTICES_DIR}/{SAVE_NOW_FILE}"})
     container["env"] = merge_env(ours, container.get("env"))
     resources = container.setdefault("resources", {})
     extra: dict[str, str] = dict(profile.extra_limits)
@@ -169,6 +237,8 @@ def _trainer_container(
         mounts.append({"name": volume, "mountPath": spec.checkpoint.mount_path})
     if launch.supervised:
         mounts.append({"name": naming.POD_INFO_VOLUME, "mountPath": naming.POD_INFO_DIR, "readOnly": True})
+    if spec.checkpoint is not None:
+        mounts.append({"name": naming.NOTICES_VOLUME, "mountPath": naming.NOTICES_DIR, "readOnly": True})
     if not mounts:
         container.pop("volumeMounts")
     container.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
@@ -202,17 +272,24 @@ def worker_pod(
     spare: int | None = None,
     domain: str | None = None,
     spare_class: str | None = None,
+    group_generation: int = 0,
 ) -> Object:
     """One worker pod: the user's template plus everything elastic training needs; ``avoid``:
     nodes the job keeps off (failurePolicy.avoidNodeSeconds); ``domain``: the topology domain the
     operator placed the job in (``place_in_domain``). ``spare``: instead, the warm spare of that
-    serial, in the PriorityClass ``spare_class`` (``spare_pod``)."""
+    serial, in the PriorityClass ``spare_class`` (``spare_pod``). ``group_generation``: with
+    spec.replicaGroups, the generation of the slot's group (``place_replica_group``)."""
     spec = job.spec
     template = template_spec(job)
     template_metadata = spec.template.metadata
     containers = template["containers"]
     containers[launch.trainer_index] = _trainer_container(
-        job, launch, containers[launch.trainer_index], attempt=attempt, index=index if spare is None else None
+        job,
+        launch,
+        containers[launch.trainer_index],
+        attempt=attempt,
+        index=index if spare is None else None,
+        group_generation=group_generation,
     )
     profile = transport_profile(spec, launch, job.metadata.namespace)
 
@@ -235,6 +312,8 @@ def worker_pod(
             )
     if launch.supervised:
         volumes.append(pod_info_volume())
+    if spec.checkpoint is not None:
+        volumes.append(notices_volume())
     if not volumes:
         template.pop("volumes")
     if device_claim_template(job) is not None:
@@ -283,6 +362,8 @@ def worker_pod(
     annotations[naming.CONTAINER_ANNOTATION] = containers[launch.trainer_index]["name"]
     if launch.supervised:
         annotations[naming.RENDEZVOUS_ID_ANNOTATION] = naming.rendezvous_id(job.metadata.uid, attempt)
+    if spec.replica_groups is not None and spare is None:
+        place_replica_group(template, labels, annotations, job, index, attempt, group_generation)
     annotations.update(profile.annotations)
     placement = spec.placement.topology if spec.placement is not None else None
     if domain is not None and placement is not None and spec.gang.scheduler in ("none", "scheduler-plugins"):

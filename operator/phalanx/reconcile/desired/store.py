@@ -25,13 +25,17 @@ STORE_CONTAINER = "store"
 # (PHALANX_JOB_UID, which the workers write too) is served, labelled with it, and the operator
 # checks the UID and the attempt again. Rank 0's progress report (naming.PROGRESS_KEY) is served
 # the same way, and only whole: every field of the expected type and range, at most
-# PROGRESS_MAX_METRICS metrics with valid names and finite values, or none of it.
+# PROGRESS_MAX_METRICS metrics with valid names and finite values, or none of it. Each rank's step
+# time (naming.STEP_TIME_KEY + rank) is served per rank, for the ranks below the job's world cap
+# (PHALANX_STEP_TIME_RANKS, at most STEP_TIME_MAX_RANKS), each only whole and bounded.
 # Its source is store_server.py (package data, never imported), after one line of the limits it
 # shares with the operator: the pod runs it as `python3 -c`, so the image needs no phalanx.
 STORE_SERVER = "store_server.py"
 STORE_SCRIPT = (
     f"NAME, MAX_BYTES, MAX_METRICS = {naming.PROGRESS_METRIC_NAME[1:-1]!r}, "
     f"{naming.PROGRESS_MAX_BYTES}, {naming.PROGRESS_MAX_METRICS}\n"
+    f"HOST, STEP_MAX_BYTES, STEP_MAX_RANKS, MAX_STEP_SECONDS = {naming.STEP_TIME_HOST[1:-1]!r}, "
+    f"{naming.STEP_TIME_MAX_BYTES}, {naming.STEP_TIME_MAX_RANKS}, {naming.STEP_TIME_MAX_SECONDS}\n"
 ) + resources.files("phalanx.reconcile.desired").joinpath(STORE_SERVER).read_text(encoding="utf-8")
 # The store needs nothing privileged: it passes Pod Security "restricted" whenever the workers do.
 STORE_SECURITY_CONTEXT: dict[str, Any] = {
@@ -41,6 +45,11 @@ STORE_SECURITY_CONTEXT: dict[str, Any] = {
 }
 # Identity settings of the trainer container that the store container inherits.
 INHERITED_SECURITY_FIELDS = ("runAsUser", "runAsGroup", "runAsNonRoot", "seLinuxOptions", "seccompProfile")
+
+
+def step_time_ranks(job: api.TrainingJob, launch: Launch) -> int:
+    """The ranks whose step times the store serves: the job's world cap, bounded."""
+    return min(job.spec.workers.max * launch.procs_per_worker, naming.STEP_TIME_MAX_RANKS)
 
 
 def rendezvous_store_pod(job: api.TrainingJob, launch: Launch, *, avoid: Sequence[str] = ()) -> Object:
@@ -68,6 +77,8 @@ def rendezvous_store_pod(job: api.TrainingJob, launch: Launch, *, avoid: Sequenc
                     {"name": "PHALANX_STORE_METRICS_PORT", "value": str(WORKER_METRICS_PORT)},
                     {"name": "PHALANX_COMPLETION_KEY", "value": naming.COMPLETION_KEY},
                     {"name": "PHALANX_PROGRESS_KEY", "value": naming.PROGRESS_KEY},
+                    {"name": "PHALANX_STEP_TIME_KEY", "value": naming.STEP_TIME_KEY},
+                    {"name": "PHALANX_STEP_TIME_RANKS", "value": str(step_time_ranks(job, launch))},
                     {"name": JOB_UID_ENV, "value": job.metadata.uid},
                 ],
                 "ports": [

@@ -6,16 +6,21 @@ port = int(os.environ["PHALANX_RENDEZVOUS_PORT"])
 key = os.environ["PHALANX_COMPLETION_KEY"]
 progress_key = os.environ.get("PHALANX_PROGRESS_KEY")
 job = os.environ["PHALANX_JOB_UID"]
-NAME = re.compile(NAME)
+step_key = os.environ.get("PHALANX_STEP_TIME_KEY")
+try:
+    step_ranks = max(0, min(int(os.environ.get("PHALANX_STEP_TIME_RANKS", "0")), STEP_MAX_RANKS))
+except ValueError:
+    step_ranks = 0
+NAME, HOST = re.compile(NAME), re.compile(HOST)
 store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
                  multi_tenant=True, timeout=timedelta(hours=1))
 lock = threading.Lock()
-def record(name):
+def record(name, limit=MAX_BYTES):
     if not name or not store.check([name]):
         return {}
     raw = store.get(name)
     try:
-        done = json.loads(raw) if len(raw) <= MAX_BYTES else None
+        done = json.loads(raw) if len(raw) <= limit else None
     except Exception:  # malformed or nested past the recursion limit
         done = None
     return done if isinstance(done, dict) and done.get("job") == job else {}
@@ -50,16 +55,33 @@ def progress_lines(report):
                   f"phalanx_training_progress_metric_step{{{named}}} {when}",
                   f"phalanx_training_progress_metric_timestamp_seconds{{{named}}} {seen!r}"]
     return lines
+def step_lines(reports):
+    lines = []
+    for rank, report in enumerate(reports):
+        attempt, step, host = count(report.get("attempt")), count(report.get("step")), report.get("host")
+        seconds = report.get("seconds")
+        if None in (attempt, step) or report.get("rank") != rank or type(rank) is not int:
+            continue
+        if type(host) is not str or not HOST.fullmatch(host):
+            continue
+        if type(seconds) not in (int, float) or not 0 < seconds <= MAX_STEP_SECONDS:
+            continue
+        label = f'job="{job}",attempt="{attempt}",rank="{rank}",host="{host}"'
+        lines += [f"phalanx_training_rank_step_seconds{{{label}}} {float(seconds)!r}",
+                  f"phalanx_training_rank_step{{{label}}} {step}"]
+    return lines
 class Status(BaseHTTPRequestHandler):
     def do_GET(self):
         lines = []
         with lock:
             done, report = record(key), record(progress_key)
+            steps = [record(f"{step_key}{rank}", STEP_MAX_BYTES) for rank in range(step_ranks if step_key else 0)]
         for field in ("attempt", "step", "rank"):
             value = done.get(field)
             if isinstance(value, int) and not isinstance(value, bool):
                 lines.append(f'phalanx_training_completed_{field}{{job="{job}"}} {value}')
         lines += progress_lines(report)
+        lines += step_lines(steps)
         body = ("\n".join(lines) + "\n").encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")

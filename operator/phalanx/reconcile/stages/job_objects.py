@@ -27,7 +27,7 @@ def job_objects(draft: Draft) -> Draft | Decision:
     children = desired.job_children(
         context.job,
         draft.launch,
-        avoid=draft.memory.avoided_nodes,
+        avoid=context.avoided_nodes(draft.memory),
         node_capacity=stamp,
         isolation=context.observed.isolation,
     )

@@ -26,7 +26,10 @@ def unplannable_spec(draft: Draft) -> Draft | Decision:
         return invalid(context, memory, str(PlanningError("spec.workers.spares", refusal)))
     if refusal:  # made impossible mid-run (an edit): train on without spares, not frozen as ``invalid``
         context = replace(context, job=without_spares(context.job))
-    return replace(draft, context=replace(context, in_place=launch.supervised), resolved=launch, refusal=refusal)
+    # replica groups restart by recreating a group's pods: each group's world has a rendezvous id
+    # of its own, which moving pods to a new attempt in place would not keep
+    in_place = launch.supervised and context.spec.replica_groups is None
+    return replace(draft, context=replace(context, in_place=in_place), resolved=launch, refusal=refusal)
 
 
 def invalid(context: Context, memory: Memory, message: str) -> Decision:
