@@ -5,6 +5,7 @@ doctor`` and ``phalanx describe`` list the node with the evidence, and the node 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import uuid
@@ -41,17 +42,17 @@ def pool(kwok_cluster: LocalCluster, kubectl: Kubectl) -> list[str]:
     return gpu_pool(kwok_cluster, kubectl, POOL, count=3)
 
 
-@pytest.fixture
-def ledger_operator(
-    crds: list[str], kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path
+@contextlib.contextmanager
+def operator_with_ledger(
+    kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path, environ: dict[str, str]
 ) -> Iterator[OperatorProcess]:
-    """The operator under the chart's identity with the node ledger on (its Role on the ConfigMap),
-    a threshold of 0.5 (each failure avoids its node for one half-life), running this checkout's code."""
+    """The operator under the chart's identity with the node ledger on (its Role on the ConfigMap), the
+    ledger in ``namespace``, running this checkout's code with ``environ`` added; the ledger goes with it."""
     environ = {
         "PYTHONPATH": environment()["PYTHONPATH"],  # this checkout, whatever the venv's editable install points at
         "PHALANX_NODE_LEDGER_NAME": LEDGER,
         "PHALANX_NODE_LEDGER_NAMESPACE": namespace,
-        "PHALANX_NODE_LEDGER_THRESHOLD": "0.5",
+        **environ,
     }
     values = ["nodeLedger.enabled=true"]
     with chart_identity(kubectl, kubeconfig, namespace, f"phx-{uuid.uuid4().hex[:6]}", tmp_path, values) as identity:
@@ -63,6 +64,18 @@ def ledger_operator(
     # doctor reads every namespace's ledger: this one must not outlive the test (its namespace is
     # deleted without waiting)
     kubectl.delete("configmap", LEDGER, namespace)
+    assert "Traceback" not in process.log(), "the operator logged a traceback"
+
+
+@pytest.fixture
+def ledger_operator(
+    crds: list[str], kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path
+) -> Iterator[OperatorProcess]:
+    """A threshold of 0.5: each failure avoids its node for one half-life."""
+    with operator_with_ledger(
+        kubectl, kubeconfig, namespace, tmp_path, {"PHALANX_NODE_LEDGER_THRESHOLD": "0.5"}
+    ) as process:
+        yield process
 
 
 def template(nodes: list[str]) -> dict[str, Any]:

@@ -6,7 +6,6 @@ once per 10 s, with percent and ETA, and ``kubectl get tj`` shows the PROGRESS c
 from __future__ import annotations
 
 import copy
-import http.server
 import itertools
 import pathlib
 import subprocess
@@ -27,6 +26,7 @@ from tests.integration.chart_identity import chart_identity
 from tests.integration.operator_process import OperatorProcess
 from tests.integration.scenario import GPU_JOB, JOB, TRAINER, status, wait_running, wait_status
 from tests.unit.jobs import manifest
+from tests.unit.text_page import TextPage
 
 pytestmark = pytest.mark.integration
 
@@ -72,23 +72,7 @@ class FakeStore:
     def __init__(self, host: str, job_uid: str) -> None:
         self.started = time.time()
         self.job_uid = job_uid
-        store = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = store.page().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer((host, WORKER_METRICS_PORT), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.endpoint = TextPage(self.page, host=host, port=WORKER_METRICS_PORT)
 
     def page(self) -> str:
         seconds = int(time.time() - self.started)
@@ -109,9 +93,7 @@ class FakeStore:
         )
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+        self.endpoint.close()
 
 
 def loopback_job(kubectl: Kubectl, namespace: str) -> dict[str, Any]:

@@ -9,11 +9,8 @@ off that node. ``phalanx doctor`` and ``describe`` show the measured times; no n
 
 from __future__ import annotations
 
-import http.server
 import pathlib
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,11 +20,11 @@ from phalanx.reconcile import naming, node_ledger
 from phalanx.reconcile.environment import WORKER_METRICS_PORT
 from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
-from tests.integration.chart_identity import chart_identity
 from tests.integration.operator_process import OperatorProcess
-from tests.integration.phalanx_cli import environment, phalanx
+from tests.integration.phalanx_cli import phalanx
 from tests.integration.scenario import POOL_LABEL, TRAINER, create, node_of, start, wait_running
-from tests.integration.test_node_ledger import kept_off
+from tests.integration.test_node_ledger import kept_off, operator_with_ledger
+from tests.unit.text_page import TextPage
 
 pytestmark = pytest.mark.integration
 
@@ -56,27 +53,11 @@ def pool(kwok_cluster: LocalCluster, kubectl: Kubectl) -> list[str]:
 def ledger_operator(
     crds: list[str], kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, tmp_path: pathlib.Path
 ) -> Iterator[OperatorProcess]:
-    """The operator with the node ledger on, a threshold of 0.4 (one window of slowness, weighing
-    0.5 and halving every 6 h, avoids the node for about two hours), scraping every second, running
-    this checkout's code."""
-    environ = {
-        "PYTHONPATH": environment()["PYTHONPATH"],  # this checkout, whatever the venv's editable install points at
-        "PHALANX_NODE_LEDGER_NAME": LEDGER,
-        "PHALANX_NODE_LEDGER_NAMESPACE": namespace,
-        "PHALANX_NODE_LEDGER_THRESHOLD": "0.4",
-        "PHALANX_PROGRESS_INTERVAL_SECONDS": "1",
-    }
-    values = ["nodeLedger.enabled=true"]
-    with chart_identity(kubectl, kubeconfig, namespace, f"phx-{uuid.uuid4().hex[:6]}", tmp_path, values) as identity:
-        process = OperatorProcess(identity, tmp_path / "operator.log", namespace=namespace, extra_env=environ)
-        with process:
-            yield process
-            assert process.alive(), "the operator died"
-        print(f"--- operator log (tail) ---\n{process.log_tail(80)}")
-    # doctor reads every namespace's ledger: this one must not outlive the test (its namespace is
-    # deleted without waiting)
-    kubectl.delete("configmap", LEDGER, namespace)
-    assert "Traceback" not in process.log(), "the operator logged a traceback"
+    """A threshold of 0.4 (one window of slowness, weighing 0.5 and halving every 6 h, avoids the node
+    for about two hours), scraping every second."""
+    environ = {"PHALANX_NODE_LEDGER_THRESHOLD": "0.4", "PHALANX_PROGRESS_INTERVAL_SECONDS": "1"}
+    with operator_with_ledger(kubectl, kubeconfig, namespace, tmp_path, environ) as process:
+        yield process
 
 
 class FakeStore:
@@ -86,23 +67,7 @@ class FakeStore:
     def __init__(self, host: str, job_uid: str, hosts: list[str]) -> None:
         self.started = time.time()
         self.job_uid, self.hosts = job_uid, hosts
-        store = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = store.page().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer((host, WORKER_METRICS_PORT), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        self.endpoint = TextPage(self.page, host=host, port=WORKER_METRICS_PORT)
 
     def page(self) -> str:
         step = 10 + int(time.time() - self.started)
@@ -116,9 +81,7 @@ class FakeStore:
         return "\n".join(lines) + "\n"
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+        self.endpoint.close()
 
 
 def template(nodes: list[str]) -> dict[str, Any]:

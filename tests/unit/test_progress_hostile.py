@@ -131,8 +131,9 @@ def test_a_page_announced_over_the_cap_is_refused_before_its_body() -> None:
 
 def test_a_long_page_of_a_tenants_own_series_is_read_for_the_few_this_operator_needs() -> None:
     noise = "".join(f'tenant_series{{shard="{i}"}} {i}\n' for i in range(15000))
-    page = TextPage(noise + "phalanx_worker_world_size 6\nphalanx_worker_steps_total 12\n" + noise)
-    assert len(page.text.encode()) < MAX_PAGE_BYTES
+    text = noise + "phalanx_worker_world_size 6\nphalanx_worker_steps_total 12\n" + noise
+    assert len(text.encode()) < MAX_PAGE_BYTES
+    page = TextPage(text)
     with page:
         poller, _ = asyncio.run(scrape_once(page.port))
     progress = poller.get(KEY)

@@ -5,12 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -19,18 +13,12 @@ import pytest
 
 from phalanx.cluster.progress import parse_completion, parse_reported_progress
 from phalanx.reconcile import naming
-from phalanx.reconcile.desired import STORE_SCRIPT
 from phalanx.worker import protocol
-from tests.cluster.ports import free_port
+from tests.unit.store_script import scrape, store_script
 
 JOB_UID = "6b1f5c1e-0d3a-4c7e-9a51-2f0c9d1e7a40"
 OTHER_UID = "0d6c61a0-0000-0000-0000-00000000dead"
 NOW = 1_780_000_000.0
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
 
 
 def report(**changes: Any) -> dict[str, Any]:
@@ -62,36 +50,8 @@ def store() -> Iterator[tuple[Any, int]]:
     writes what any pod reaching the store could."""
     from torch._C._distributed_c10d import TCPStore
 
-    store_port, status_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        "PHALANX_RENDEZVOUS_PORT": str(store_port),
-        "PHALANX_STORE_METRICS_PORT": str(status_port),
-        "PHALANX_COMPLETION_KEY": naming.COMPLETION_KEY,
-        "PHALANX_PROGRESS_KEY": naming.PROGRESS_KEY,
-        "PHALANX_JOB_UID": JOB_UID,
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-c", STORE_SCRIPT],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                scrape(status_port)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and process.poll() is None, "the store script never served"
-                time.sleep(0.2)
-        yield TCPStore("127.0.0.1", store_port, is_master=False, wait_for_workers=False), status_port
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    with store_script(JOB_UID) as script:
+        yield TCPStore("127.0.0.1", script.store_port, is_master=False, wait_for_workers=False), script.status_port
 
 
 def test_the_store_serves_a_whole_report_of_its_own_job(store: tuple[Any, int]) -> None:

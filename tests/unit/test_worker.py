@@ -19,6 +19,7 @@ import torch.distributed as dist
 from phalanx.worker.checkpoint import MARKER, CheckpointStore
 from phalanx.worker.session import Progress
 from tests.cluster.ports import free_port
+from tests.unit.store_script import scrape, store_script
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
@@ -129,13 +130,6 @@ def test_sigterm_on_one_rank_makes_all_ranks_save_then_training_resumes(tmp_path
     assert "done rank=0 world_size=2 steps=400" in text
 
 
-def scrape(port: int) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
-
-
 def test_worker_metrics_are_served_and_gpu_series_are_absent_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     from phalanx.worker import metrics
 
@@ -193,73 +187,58 @@ def test_two_agents_end_their_training_cleanly_and_record_completion_in_the_stor
     a process of its own. Both agents must exit 0 with no abort anywhere in teardown (a rank that
     aborts after its last step leaves the agents waiting on each other), and the store must serve
     the completion the operator reads. Three times: teardown races show up irregularly."""
-    from phalanx.reconcile.desired import STORE_SCRIPT
-    from phalanx.worker.protocol import COMPLETION_KEY
-
     for run in range(3):
-        store_port, status_port = free_port(), free_port()
         base = {**os.environ, "OMP_NUM_THREADS": "1", "PHALANX_BACKEND": "gloo"}
-        store = subprocess.Popen(
-            [sys.executable, "-c", STORE_SCRIPT],
-            env={**base, "PHALANX_RENDEZVOUS_PORT": str(store_port), "PHALANX_STORE_METRICS_PORT": str(status_port),
-                 "PHALANX_COMPLETION_KEY": COMPLETION_KEY, "PHALANX_JOB_UID": JOB_UID},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        )  # fmt: skip
         agents: list[subprocess.Popen[str]] = []
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    scrape(status_port)
-                    break
-                except OSError:
-                    time.sleep(0.2)
-            for _ in range(2):
-                env = {
-                    **base,
-                    "PET_NNODES": "2:2",
-                    "PET_NPROC_PER_NODE": "1",
-                    "PET_RDZV_BACKEND": "c10d",
-                    "PET_RDZV_ENDPOINT": f"127.0.0.1:{store_port}",
-                    "PET_RDZV_ID": f"teardown-{run}",
-                    "PET_RDZV_CONF": "join_timeout=60,last_call_timeout=1,read_timeout=60,is_host=false",
-                    "PET_MAX_RESTARTS": "3",
-                    "PET_MONITOR_INTERVAL": "0.2",
-                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                    "PHALANX_ATTEMPT": "4",
-                    "PHALANX_JOB_UID": JOB_UID,
-                    "PHALANX_WORKER_METRICS_PORT": str(free_port()),
-                }
-                agents.append(
-                    subprocess.Popen(
-                        [str(TORCHRUN), "-m", "phalanx.worker.demo", "--steps", "60", "--log-every", "20"],
-                        env=env,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
-                        text=True,
-                        start_new_session=True,
+        with store_script(JOB_UID) as store:
+            store_port, status_port = store.store_port, store.status_port
+            try:
+                for _ in range(2):
+                    env = {
+                        **base,
+                        "PET_NNODES": "2:2",
+                        "PET_NPROC_PER_NODE": "1",
+                        "PET_RDZV_BACKEND": "c10d",
+                        "PET_RDZV_ENDPOINT": f"127.0.0.1:{store_port}",
+                        "PET_RDZV_ID": f"teardown-{run}",
+                        "PET_RDZV_CONF": "join_timeout=60,last_call_timeout=1,read_timeout=60,is_host=false",
+                        "PET_MAX_RESTARTS": "3",
+                        "PET_MONITOR_INTERVAL": "0.2",
+                        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                        "PHALANX_ATTEMPT": "4",
+                        "PHALANX_JOB_UID": JOB_UID,
+                        "PHALANX_WORKER_METRICS_PORT": str(free_port()),
+                    }
+                    agents.append(
+                        subprocess.Popen(
+                            [str(TORCHRUN), "-m", "phalanx.worker.demo", "--steps", "60", "--log-every", "20"],
+                            env=env,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                            text=True,
+                            start_new_session=True,
+                        )
                     )
-                )
-            outputs = []
-            for agent in agents:
-                try:
-                    out, _ = agent.communicate(timeout=240)
-                except subprocess.TimeoutExpired:
-                    os.killpg(agent.pid, signal.SIGKILL)
-                    out, _ = agent.communicate()
-                outputs.append(out)
-            for agent, out in zip(agents, outputs, strict=True):
-                assert agent.returncode == 0, out
-                assert not ABORTED.search(out), out
-                assert "done rank=" in out and "will restart worker group" not in out, out
-            served = scrape(status_port)
-            assert f'phalanx_training_completed_attempt{{job="{JOB_UID}"}} 4' in served, served
-            assert f'phalanx_training_completed_step{{job="{JOB_UID}"}} 60' in served, served
-        finally:
-            for process in (*agents, store):
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+                outputs = []
+                for agent in agents:
+                    try:
+                        out, _ = agent.communicate(timeout=240)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(agent.pid, signal.SIGKILL)
+                        out, _ = agent.communicate()
+                    outputs.append(out)
+                for agent, out in zip(agents, outputs, strict=True):
+                    assert agent.returncode == 0, out
+                    assert not ABORTED.search(out), out
+                    assert "done rank=" in out and "will restart worker group" not in out, out
+                served = scrape(status_port)
+                assert f'phalanx_training_completed_attempt{{job="{JOB_UID}"}} 4' in served, served
+                assert f'phalanx_training_completed_step{{job="{JOB_UID}"}} 60' in served, served
+            finally:
+                for agent in agents:
+                    if agent.poll() is None:
+                        os.killpg(agent.pid, signal.SIGKILL)
+                        agent.wait()
 
 
 def test_the_store_serves_only_a_small_completion_record_that_names_its_own_job() -> None:
@@ -271,24 +250,10 @@ def test_the_store_serves_only_a_small_completion_record_that_names_its_own_job(
     from torch._C._distributed_c10d import TCPStore
 
     from phalanx.cluster.progress import parse_completion
-    from phalanx.reconcile.desired import STORE_SCRIPT
     from phalanx.worker.protocol import COMPLETION_KEY
 
-    store_port, status_port = free_port(), free_port()
-    env = {**os.environ, "PHALANX_RENDEZVOUS_PORT": str(store_port), "PHALANX_STORE_METRICS_PORT": str(status_port),
-           "PHALANX_COMPLETION_KEY": COMPLETION_KEY, "PHALANX_JOB_UID": JOB_UID}  # fmt: skip
-    store = subprocess.Popen(
-        [sys.executable, "-c", STORE_SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                scrape(status_port)
-                break
-            except OSError:
-                time.sleep(0.2)
+    with store_script(JOB_UID) as store:
+        store_port, status_port = store.store_port, store.status_port
         intruder = TCPStore("127.0.0.1", store_port, is_master=False, wait_for_workers=False)
         for forged in (
             json.dumps({"attempt": 0, "step": 1, "rank": 0}),  # no job named
@@ -304,6 +269,3 @@ def test_the_store_serves_only_a_small_completion_record_that_names_its_own_job(
         intruder.set(COMPLETION_KEY, json.dumps({"job": JOB_UID, "attempt": 2, "step": 90, "rank": 0}))
         done = parse_completion(scrape(status_port))
         assert done is not None and (done.job_uid, done.attempt, done.step, done.rank) == (JOB_UID, 2, 90, 0)
-    finally:
-        os.killpg(store.pid, signal.SIGKILL)
-        store.wait()

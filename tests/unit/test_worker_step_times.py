@@ -6,12 +6,6 @@ slow rank."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -20,11 +14,11 @@ import pytest
 
 from phalanx.cluster.progress import parse_rank_step_times
 from phalanx.reconcile import naming
-from phalanx.reconcile.desired import STORE_SCRIPT
 from phalanx.reconcile.stragglers import slow_ranks
 from phalanx.worker import protocol
 from phalanx.worker.progress import Reporter
 from tests.cluster.ports import free_port
+from tests.unit.store_script import scrape, store_script
 
 JOB_UID = "6b1f5c1e-0d3a-4c7e-9a51-2f0c9d1e7a40"
 
@@ -118,51 +112,21 @@ def test_rank_zero_pushes_its_progress_and_its_step_time(master: tuple[Any, int]
     assert json.loads(store.get(f"{protocol.STEP_TIME_KEY}0"))["seconds"] == 0.25
 
 
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
-
-
 @pytest.fixture
-def store_script() -> Iterator[tuple[Any, int, int]]:
+def running_store() -> Iterator[tuple[Any, int, int]]:
     """The operator's store script for a job of world cap 4, and a plain client."""
     from torch._C._distributed_c10d import TCPStore
 
-    store_port, status_port = free_port(), free_port()
-    env = {
-        **os.environ,
-        "PHALANX_RENDEZVOUS_PORT": str(store_port),
-        "PHALANX_STORE_METRICS_PORT": str(status_port),
-        "PHALANX_COMPLETION_KEY": naming.COMPLETION_KEY,
-        "PHALANX_PROGRESS_KEY": naming.PROGRESS_KEY,
-        "PHALANX_STEP_TIME_KEY": naming.STEP_TIME_KEY,
-        "PHALANX_STEP_TIME_RANKS": "4",
-        "PHALANX_JOB_UID": JOB_UID,
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-c", STORE_SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                scrape(status_port)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and process.poll() is None, "the store script never served"
-                time.sleep(0.2)
-        client = TCPStore("127.0.0.1", store_port, is_master=False, wait_for_workers=False)
-        yield client, store_port, status_port
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+    step_times = {"PHALANX_STEP_TIME_KEY": naming.STEP_TIME_KEY, "PHALANX_STEP_TIME_RANKS": "4"}
+    with store_script(JOB_UID, step_times) as script:
+        client = TCPStore("127.0.0.1", script.store_port, is_master=False, wait_for_workers=False)
+        yield client, script.store_port, script.status_port
 
 
 def test_the_store_serves_each_ranks_step_time_whole_and_bounded_and_the_slow_rank_is_found(
-    store_script: tuple[Any, int, int],
+    running_store: tuple[Any, int, int],
 ) -> None:
-    client, store_port, status_port = store_script
+    client, store_port, status_port = running_store
     clock = Clock()
     for rank, seconds in ((0, 0.25), (1, 0.75), (2, 0.3125)):  # rank 1 three times slower
         reporter = Reporter(environment(store_port, rank, f"demo-worker-{rank}"), monotonic=clock)
