@@ -299,8 +299,11 @@ class Kueue:
             ns["metadata"]["name"] for ns in kubectl.list("namespaces", selector=f"{KUEUE_NAMESPACE_LABEL}=true")
         ]
         for namespace in namespaces:
-            for kind in ("pods", "workloads.kueue.x-k8s.io"):
-                kubectl.run("delete", kind, "--all", f"--namespace={namespace}", "--wait=false")
+            # at once: the tests' pods run on KWOK nodes that may be gone already, and the pod
+            # garbage collector would wait 40 s before it deleted them
+            kubectl.run("delete", "pods", "--all", f"--namespace={namespace}", "--wait=false", "--grace-period=0",
+                        "--force")  # fmt: skip
+            kubectl.run("delete", "workloads.kueue.x-k8s.io", "--all", f"--namespace={namespace}", "--wait=false")
 
         def released() -> bool:
             return not any(
