@@ -41,9 +41,10 @@ quickstart-binaries:  ## only the Go programs `make up` runs
 	tests/cluster/build-binaries.sh $(QUICKSTART_MODULES)
 
 # `make test` builds first what most tiers run; the programs only a few test modules need (marked
-# late_binaries, which run last) are built beside the first tests, at nice 19.
+# late_binaries, which run last) are built beside the first tests, at nice 19, the quickest first:
+# the late modules run in this order too (tests/conftest.py reads it), each once its program is built.
 FIRST_MODULES := kubernetes etcd kwok coredns helm
-LATE_MODULES := scheduler-plugins kueue prometheus gitops-checks
+LATE_MODULES := gitops-checks prometheus scheduler-plugins kueue
 LATE_LOG := $(CACHE)/late-binaries.log
 
 first-binaries:  ## the Go programs every tier but the late_binaries modules needs
@@ -97,10 +98,10 @@ e2e: torch binaries images
 # The Go builds take the CPUs for most of a fresh machine's set-up; the venv, torch (GBs from the
 # index), the node's packages and the images wait on the network meanwhile, so they run beside them.
 # The late modules' builder runs in a session of its own, so that its go processes stop with it; a
-# late_binaries test that comes before it is done waits for it (build-binaries.sh's lock). A new
-# session is a new scheduler autogroup where the kernel has them (Debian's does): nice counts only
-# inside one, so the builder sets its whole group's nice to 19 too, or it would take half the CPUs
-# from the tests whatever its own nice.
+# late_binaries test that comes before its program is built waits for it (build-binaries.sh's lock
+# of that module). A new session is a new scheduler autogroup where the kernel has them (Debian's
+# does): nice counts only inside one, so the builder sets its whole group's nice to 19 too, or it
+# would take half the CPUs from the tests whatever its own nice.
 # The tests run in two pytest-xdist workers: the KWOK cluster's modules in one, the real node's in the
 # other, then the modules with clusters of their own and the unit modules on whichever is free
 # (tests/conftest.py's TierScheduling). TEST_WORKERS=0 runs them in one process, one after another.

@@ -8,7 +8,10 @@ install step must not pass as green. A test that may skip in CI on purpose says 
 
 from __future__ import annotations
 
+import functools
 import os
+import pathlib
+import re
 from collections.abc import Generator
 
 import pytest
@@ -65,13 +68,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
 
     # The groups in group_rank's order (xdist hands them out in the order of their first tests).
-    # `make test` builds the late_binaries modules' Go programs beside the first tests (the
-    # Makefile's LATE_MODULES): they come after the other cluster tiers' tests, before the unit tier.
-    def place(item: pytest.Item) -> tuple[bool, bool, int]:
+    # `make test` builds the late_binaries modules' Go programs beside the first tests, one after
+    # another in the Makefile's LATE_MODULES order: those modules come after the other cluster tiers'
+    # tests, before the unit tier, in the order their first program is built.
+    def place(item: pytest.Item) -> tuple[bool, int, int]:
         rank = group_rank(scope_of(item.nodeid))
-        return rank == 3, item.get_closest_marker("late_binaries") is not None, rank
+        late = item.get_closest_marker("late_binaries")
+        if late is None:
+            return rank == 3, -1, rank
+        built = late_modules()
+        if not late.args or any(arg not in built for arg in late.args):
+            raise pytest.UsageError(
+                f"{item.nodeid}: late_binaries names the Go modules it needs, in the order it needs them, "
+                f"among the Makefile's LATE_MODULES {built}; it names {list(late.args)}"
+            )
+        return rank == 3, built.index(late.args[0]), rank
 
     items[:] = sorted(items, key=place)
+
+
+@functools.cache
+def late_modules() -> list[str]:
+    """The Makefile's LATE_MODULES, in the order `make test` builds them."""
+    makefile = pathlib.Path(__file__).resolve().parent.parent / "Makefile"
+    found = re.search(r"^LATE_MODULES := (.+)$", makefile.read_text(), re.MULTILINE)
+    assert found, f"no LATE_MODULES in {makefile}"
+    return found.group(1).split()
 
 
 @pytest.hookimpl(hookwrapper=True)

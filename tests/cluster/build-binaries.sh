@@ -86,9 +86,6 @@ if [[ ${#modules[@]} -eq 0 ]]; then modules=("${ALL_MODULES[@]}"); fi
 command -v go >/dev/null || { echo "build-binaries: 'go' not found on PATH" >&2; exit 1; }
 mkdir -p "$BIN_ROOT"
 
-# Serialise concurrent builders (two pytest sessions, the node helper, ...).
-exec 9>"$BIN_ROOT/.build.lock"
-flock 9
 
 build_module() { # <module> <version> <out dir>
   local mod="$1" ver="$2" out="$3" dir
@@ -182,6 +179,10 @@ build_module() { # <module> <version> <out dir>
 status=0
 start_all=$(date +%s)
 for mod in "${modules[@]}"; do
+  # Concurrent builders (two pytest sessions, `make test`'s late builder and a test waiting for one
+  # program) serialise per module: a test that needs only this module waits for it, not for the rest.
+  exec 9>"$BIN_ROOT/.build-$mod.lock"
+  flock 9
   dir="$(wrapper_dir "$mod")"
   ver="$(required_version "$dir/go.mod" "$(module_path "$mod")")"
   if [[ -z "$ver" ]]; then echo "build-binaries: no version for $mod in $dir/go.mod" >&2; exit 1; fi
@@ -190,6 +191,7 @@ for mod in "${modules[@]}"; do
   for b in $(binaries "$mod"); do [[ -x "$target/$b" ]] || missing=1; done
   if [[ $missing -eq 0 ]]; then
     echo "build-binaries: $mod $ver cached in $target"
+    exec 9>&-
     continue
   fi
   tmp="$BIN_ROOT/.tmp-$mod-$ver.$$"
@@ -209,6 +211,7 @@ for mod in "${modules[@]}"; do
     echo "build-binaries: FAILED $mod $ver after $((t1 - t0)) s (exit $rc)" >&2
     status=1
   fi
+  exec 9>&-
 done
 echo "build-binaries: done in $(( $(date +%s) - start_all )) s (cache: $BIN_ROOT)"
 exit $status

@@ -23,7 +23,7 @@ from tests.cluster.kube import Kubectl
 from tests.cluster.localcluster import LocalCluster
 from tests.cluster.stop_on_exit import stopped_on_exit
 
-pytestmark = [pytest.mark.integration, pytest.mark.gang, pytest.mark.late_binaries]
+pytestmark = [pytest.mark.integration, pytest.mark.gang, pytest.mark.late_binaries("scheduler-plugins", "kueue")]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # KWOK (failure classification, node loss), the fault proxy, both gang schedulers, RBAC smoke

@@ -34,7 +34,7 @@ from tests.integration.test_gang import (  # noqa: F401  (coscheduling: a fixtur
 )
 from tests.unit.jobs import manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.gang, pytest.mark.late_binaries]
+pytestmark = [pytest.mark.integration, pytest.mark.gang, pytest.mark.late_binaries("scheduler-plugins")]
 
 SUPERVISED = {**TRAINER, "command": ["phalanx-supervise", "--", "torchrun"]}  # spares need the supervisor
 

@@ -27,7 +27,7 @@ from tests.integration.scenario import POOL_LABEL, TRAINER, status, wait_status
 from tests.integration.test_devices import device_class, gpu, resource_slice
 from tests.unit.jobs import manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.gang, pytest.mark.late_binaries]
+pytestmark = [pytest.mark.integration, pytest.mark.gang, pytest.mark.late_binaries("scheduler-plugins", "kueue")]
 
 GANG_GPU = "gang.phalanx.dev/gpu"
 

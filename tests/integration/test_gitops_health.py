@@ -39,7 +39,7 @@ from tests.integration.scenario import (
     workers,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.late_binaries]  # gitops-checks
+pytestmark = [pytest.mark.integration, pytest.mark.late_binaries("gitops-checks")]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CUSTOMIZATION = ROOT / "deploy" / "argocd" / "resource_customizations" / "phalanx.dev" / "TrainingJob"

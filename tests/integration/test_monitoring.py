@@ -31,7 +31,7 @@ from tests.cluster import binaries
 from tests.integration.chart_identity import CHART, lint, render
 from tests.unit.jobs import manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.late_binaries]  # promtool
+pytestmark = [pytest.mark.integration, pytest.mark.late_binaries("prometheus")]  # promtool
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "alerts"
 RELEASE, NAMESPACE = "phalanx", "phalanx-system"

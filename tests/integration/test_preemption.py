@@ -22,7 +22,7 @@ from tests.integration.operator_process import OperatorProcess
 from tests.integration.scenario import wait_status
 from tests.integration.test_gang import GANG_GPU, NodePool, gang_job, job_workers, kueue, pool, priorities
 
-pytestmark = [pytest.mark.integration, pytest.mark.gang, pytest.mark.late_binaries]
+pytestmark = [pytest.mark.integration, pytest.mark.gang, pytest.mark.late_binaries("kueue")]
 
 __all__ = ["kueue", "pool", "priorities"]  # fixtures this module uses from test_gang
 
