@@ -41,10 +41,11 @@ quickstart-binaries:  ## only the Go programs `make up` runs
 	tests/cluster/build-binaries.sh $(QUICKSTART_MODULES)
 
 # `make test` builds first what most tiers run; the programs only a few test modules need (marked
-# late_binaries, which run last) are built beside the first tests, at nice 19, the quickest first:
-# the late modules run in this order too (tests/conftest.py reads it), each once its program is built.
+# late_binaries, which run last) are built beside the first tests, at nice 19, in this order: those
+# with the longest tests first (the gang modules' schedulers), then promtool and gitops-checks. The
+# late modules run in this order too (tests/conftest.py reads it), each once its first program is built.
 FIRST_MODULES := kubernetes etcd kwok coredns helm
-LATE_MODULES := gitops-checks prometheus scheduler-plugins kueue
+LATE_MODULES := scheduler-plugins kueue prometheus gitops-checks
 LATE_LOG := $(CACHE)/late-binaries.log
 
 first-binaries:  ## the Go programs every tier but the late_binaries modules needs
