@@ -78,6 +78,19 @@ def ledger_operator(
         yield process
 
 
+def doctor_warns_of(kubectl: Kubectl, kubeconfig: pathlib.Path, namespace: str, node: str) -> str:
+    """``phalanx doctor``'s node-ledger line, a warning, once ``node`` is past the threshold; the node
+    itself never cordoned."""
+    node_object = kubectl.get("node", node)
+    assert node_object is not None and node_object["spec"].get("unschedulable") is not True  # never cordoned
+    run = phalanx("doctor", f"--kubeconfig={kubeconfig}", f"--namespace={namespace}")
+    print(run.stdout)
+    [line] = [line for line in run.stdout.splitlines() if "node ledger" in line]
+    assert line.startswith("WARNING"), line
+    # other tests' ledgers may be listed too (doctor reads every namespace's): the caller checks its node's
+    return line
+
+
 def template(nodes: list[str]) -> dict[str, Any]:
     only_pool = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}]}
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [only_pool]}}}
@@ -139,14 +152,7 @@ def test_a_gpu_error_in_job_a_keeps_job_b_off_the_node_and_doctor_lists_it(
     assert len(node_ledger.of_data(configmap["data"]).nodes[node]) == 1
     document = json.loads(configmap["data"][node_ledger.DATA_KEY])
     assert document["policy"]["threshold"] == 0.5
-    node_object = kubectl.get("node", node)
-    assert node_object is not None and node_object["spec"].get("unschedulable") is not True  # never cordoned
-
-    run = phalanx("doctor", f"--kubeconfig={kubeconfig}", f"--namespace={namespace}")
-    print(run.stdout)
-    [line] = [line for line in run.stdout.splitlines() if "node ledger" in line]
-    assert line.startswith("WARNING"), line
-    # other tests' ledgers may be listed too (doctor reads every namespace's): this one's node is
+    line = doctor_warns_of(kubectl, kubeconfig, namespace, node)
     assert f"{node} (score 1.00 of 0.5, 1 failure(s) in {namespace}/{LEDGER}" in line, line
     assert "GPUError on GPU 3" in line and f"{namespace}/demo" in line and "Xid 79" in line, line
 

@@ -23,7 +23,7 @@ from tests.cluster.localcluster import LocalCluster
 from tests.integration.operator_process import OperatorProcess
 from tests.integration.phalanx_cli import phalanx
 from tests.integration.scenario import POOL_LABEL, TRAINER, create, node_of, start, wait_running
-from tests.integration.test_node_ledger import kept_off, operator_with_ledger
+from tests.integration.test_node_ledger import doctor_warns_of, kept_off, operator_with_ledger
 from tests.unit.text_page import TextPage
 
 pytestmark = pytest.mark.integration
@@ -160,14 +160,7 @@ def test_a_rank_three_times_slower_grades_its_node_and_new_pods_keep_off_it(
     for pod in pods_b:
         assert kept_off(pod) == [node], pod["spec"].get("affinity")
     assert sorted(node_of(pod) for pod in pods_b) == sorted(set(pool) - {node})
-    node_object = kubectl.get("node", node)
-    assert node_object is not None and node_object["spec"].get("unschedulable") is not True  # never cordoned
-
-    run = phalanx("doctor", f"--kubeconfig={kubeconfig}", f"--namespace={namespace}")
-    print(run.stdout)
-    [line] = [line for line in run.stdout.splitlines() if "node ledger" in line]
-    assert line.startswith("WARNING"), line
-    # other tests' ledgers may be listed too (doctor reads every namespace's): this one's node is
+    line = doctor_warns_of(kubectl, kubeconfig, namespace, node)
     assert f"{node} (score 0.50 of 0.4, 0 failure(s), 1 window(s) of slowness in {namespace}/{LEDGER}" in line, line
     assert "Slow " in line and "rank 1 at 0.75 s/step, 3.0x the median 0.25 s/step" in line, line
 
