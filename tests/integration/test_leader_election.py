@@ -287,7 +287,7 @@ def test_a_leader_frozen_past_its_renew_deadline_writes_nothing_before_it_has_re
     a, b = frozen_pair["a"], frozen_pair["b"]
     before = start(kubectl, namespace, desired=2)
 
-    # 1. Frozen past its renew deadline, not past the lease: nobody takes over. Work waits for it
+    # 1. Frozen (between two renewals) past its renew deadline, not past the lease: nobody takes over. Work waits for it
     # (a deleted worker), and its first Lease request after SIGCONT is held back half a second, so that
     # anything it writes without renewing first would come in before the renewal.
     a.pause()
@@ -307,7 +307,23 @@ def test_a_leader_frozen_past_its_renew_deadline_writes_nothing_before_it_has_re
     assert seen.index("update leases") < seen.index("create pods")  # ...after it renewed
     assert seen[0] == "update leases", seen  # and nothing at all came before the renewal
 
-    # 2. Frozen past the lease: b takes over and does the work; a, resumed, writes nothing and stops.
+    # 2. Frozen in the middle of a renewal (its request held at the proxy), as long again: the round's
+    # timer fires late on SIGCONT. That round was cut short, not refused: a renews at once and leads on.
+    mark = time.monotonic()
+    proxy.delay(lambda r: r.resource == "leases", TIMING.renew_deadline / 2)
+    kubectl.wait_for(
+        lambda: any(r.resource == "leases" for r in proxy.since(mark)), timeout=10, what="a renewal on its way"
+    )
+    a.pause()
+    time.sleep(TIMING.renew_deadline + TIMING.retry)
+    resumed = time.monotonic()
+    a.resume()
+    kubectl.wait_for(lambda: "update leases" in writes(proxy.since(resumed)), timeout=10, what="a renews after SIGCONT")
+    time.sleep(2 * TIMING.retry)
+    assert a.alive() and holder(kubectl, namespace) == "a"
+    assert "stalled" in a.log_tail(20) and "lost the lease" not in a.log_tail(200)
+
+    # 3. Frozen past the lease: b takes over and does the work; a, resumed, writes nothing and stops.
     a.pause()
     paused = time.monotonic()
     kubectl.wait_for(lambda: holder(kubectl, namespace) == "b", timeout=60, what="b takes the lease")

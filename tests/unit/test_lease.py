@@ -35,6 +35,7 @@ class LeaseStore:
         self.writes: list[str] = []  # other requests than the Lease's, as "METHOD path"
         self.slow = asyncio.Event()  # other requests wait for it (a slow API server)
         self.slow.set()
+        self.stall_next_read = 0.0  # seconds the next read of a Lease stalls the whole process
         app = web.Application()
         app.router.add_post(PATH, self.create)
         app.router.add_get(PATH + "/{name}", self.get)
@@ -62,6 +63,8 @@ class LeaseStore:
         return web.json_response(self._stored(body), status=201)
 
     async def get(self, request: web.Request) -> web.Response:
+        stall, self.stall_next_read = self.stall_next_read, 0.0
+        time.sleep(stall)  # noqa: ASYNC251 - the server shares the process: all of it stalls (as under SIGSTOP)
         if self.unavailable:
             return web.json_response({"reason": "ServiceUnavailable", "message": "down"}, status=503)
         lease = self.leases.get(request.match_info["name"])
@@ -235,6 +238,22 @@ async def test_a_leader_stalled_past_its_renew_deadline_writes_nothing_until_it_
     await write()
     assert len(backend.writes) == len(sent) + 1
     await a.client.close()
+
+
+async def test_a_leader_stalled_in_the_middle_of_a_renewal_renews_again_at_once(
+    store: tuple[LeaseStore, ApiClient], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The round's timer fires late when the process wakes: a round cut short, not one refused. The
+    leader renews at once, as one stalled between two rounds does, and leads on."""
+    backend, client = store
+    a = elector(client, "a")
+    await a.acquire()
+    holding = asyncio.create_task(a.hold())
+    backend.stall_next_read = FAST.renew_deadline + 3 * FAST.retry
+    await asyncio.sleep(backend.stall_next_read + 5 * FAST.retry)
+    assert backend.stall_next_read == 0.0 and "stalled" in caplog.text
+    assert not holding.done() and a.holds_lease() and backend.holder() == "a"
+    holding.cancel()
 
 
 @pytest.mark.parametrize(

@@ -186,15 +186,32 @@ class LeaderElector:
     async def hold(self) -> None:
         """Renew every ``retry`` seconds; return when the Lease could not be renewed for
         ``renew_deadline`` (or another holder took it): leadership is lost."""
+        again_at_once = False  # the last round was cut short by a stop: this one follows without a pause
         while True:
-            await asyncio.sleep(self.timing.retry)
+            if not again_at_once:
+                await asyncio.sleep(self.timing.retry)
+            started = time.monotonic()
             try:
                 # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a stop's cancellation
                 async with asyncio.timeout(self.timing.renew_deadline):
                     renewed = await self.try_acquire_or_renew()
             except Exception as error:  # a failed renewal, whatever failed: never hold on without one
-                logger.warning("renewing lease %s/%s: %s", self.namespace, self.name, error)
                 renewed = False
+                overran = time.monotonic() - started - self.timing.renew_deadline
+                if overran > self.timing.retry and not again_at_once:
+                    # The round's timer fired that late: the process was stopped mid-round (SIGSTOP,
+                    # a stalled node), so the round was cut short, not refused. Try once more at once,
+                    # as a leader frozen between rounds does; the fence keeps it from writing meanwhile.
+                    logger.warning(
+                        "renewing lease %s/%s: stalled %.1f s past the deadline; renewing again at once",
+                        self.namespace,
+                        self.name,
+                        overran,
+                    )
+                    again_at_once = True
+                    continue
+                logger.warning("renewing lease %s/%s: %r", self.namespace, self.name, error)
+            again_at_once = False
             if not renewed and (time.monotonic() >= self._valid_until or self._lost()):
                 self.leading.clear()
                 return
