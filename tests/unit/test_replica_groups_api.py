@@ -25,6 +25,10 @@ def test_a_topology_key_is_accepted() -> None:
     )
 
 
+def test_spares_are_accepted_with_groups_placed_anywhere() -> None:
+    assert validate(manifest(**{**GROUPS, "workers": {**GROUPS["workers"], "spares": 3}})) == []
+
+
 REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
     (
         "desired not a multiple",
@@ -62,7 +66,12 @@ REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
         ".spec.replicaGroups",
         "not available with gang.scheduler kueue",
     ),
-    ("spares", {"workers": {"spares": 1}}, ".spec.replicaGroups", "does not take workers.spares"),
+    (
+        "spares with a topology",
+        {"workers": {"spares": 1}, "replicaGroups": {"topology": "topology.kubernetes.io/rack"}},
+        ".spec.replicaGroups.topology",
+        "does not take workers.spares",
+    ),
 ]
 
 

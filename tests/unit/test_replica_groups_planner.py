@@ -362,3 +362,54 @@ def test_any_sequence_of_failures_keeps_groups_whole_and_counts_monotonic(events
         if labels[naming.ATTEMPT_LABEL] == str(status["attempt"]):
             assert labels[naming.GROUP_GENERATION_LABEL] == str(status["replicaGroups"][group]["generation"]), name
     assert all(group["ready"] for group in status["replicaGroups"]), status["replicaGroups"]
+
+
+def test_a_restarted_group_is_filled_from_warm_spares_which_join_it_at_its_new_generation() -> None:
+    containers = [{"name": "trainer", "image": "example/train:1", "command": ["phalanx-supervise", "--", "torchrun"]}]
+    spec = {**GROUPS, "workers": {**GROUPS["workers"], "spares": 3}, "template": {"spec": {"containers": containers}}}
+    world = running(World(job(**spec)))
+    world.settle()
+    world.run()
+    world.reconcile()
+    spares = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in world.spares()}
+    assert len(spares) == 3
+    assert {env_of(pod)["PET_NNODES"] for pod in world.spares()} == {"3"}  # every group's world size
+    assert all("PHALANX_REPLICA_GROUP" not in env_of(pod) for pod in world.spares())  # no group until promoted
+    [info] = [volume for volume in world.spares()[0]["spec"]["volumes"] if volume["name"] == naming.POD_INFO_VOLUME]
+    assert {
+        "path": "group-generation",
+        "fieldRef": {"fieldPath": f"metadata.labels['{naming.GROUP_GENERATION_LABEL}']"},
+    } in (info["downwardAPI"]["items"])  # the supervisor reads the generation it is promoted into
+    before = uids(world)
+
+    world.terminate(worker(4), 1, message="RuntimeError: boom")
+    # group 1 restarts alone as generation 1: its pods go, and a spare takes the failed worker's slot
+    # in the same pass; the next pass finds the survivors' slots empty (their pods stopping) and
+    # gives them the other two
+    first = world.reconcile()
+    assert world.status["replicaGroups"][1]["generation"] == 1 and world.status["restarts"] == 1
+    assert [move.promotes_slot for move in first.move] == [4]
+    promoted = {
+        move.promotes_slot: move.name
+        for plan in (first, world.reconcile())
+        for move in plan.move
+        if move.promotes_slot is not None
+    }
+    assert sorted(promoted) == [3, 4, 5] and set(promoted.values()) == set(spares)
+    group_id = naming.group_rendezvous_id(world.body["metadata"]["uid"], 0, 1, 1)
+    for slot, name in promoted.items():
+        pod = world.pods[name]
+        labels = pod["metadata"]["labels"]
+        assert labels[naming.ROLE_LABEL] == naming.ROLE_WORKER and labels[naming.WORKER_INDEX_LABEL] == str(slot)
+        assert labels[naming.REPLICA_GROUP_LABEL] == "1" and labels[naming.GROUP_GENERATION_LABEL] == "1"
+        assert pod["metadata"]["annotations"][naming.RENDEZVOUS_ID_ANNOTATION] == group_id
+        assert pod["metadata"]["uid"] == spares[name]  # the same running pod: no start, no imports
+    world.settle()
+    world.run()
+    world.settle()
+    assert world.status["replicaGroups"][1] == {"index": 1, "generation": 1, "ready": True, "restarts": 1}
+    assert world.status["attempt"] == 0  # no gang restart
+    after = uids(world)
+    assert all(after[worker(index)] == before[worker(index)] for index in (0, 1, 2, 6, 7, 8))
+    assert not any(worker(index) in world.pods for index in (3, 4, 5))  # no new pod: the spares hold the slots
+    assert len(world.spares()) == 3 and not set(spares) & {pod["metadata"]["name"] for pod in world.spares()}

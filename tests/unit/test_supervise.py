@@ -16,13 +16,26 @@ import pytest
 
 from phalanx.worker.protocol import (
     ATTEMPT_FILE,
+    GROUP_ENV,
+    GROUP_GENERATION_ENV,
+    GROUP_GENERATION_FILE,
+    GROUP_RANK_ENV,
+    GROUP_SIZE_ENV,
     RANK_ADDRESS_FILE,
     RENDEZVOUS_ID_FILE,
     ROLE_FILE,
     SPARE_ROLE,
     WORKER_INDEX_FILE,
 )
-from phalanx.worker.supervise import Launch, classify, descendants, process_state, read_pod_info
+from phalanx.worker.supervise import (
+    Launch,
+    PodInfo,
+    classify,
+    descendants,
+    process_state,
+    read_pod_info,
+    run_environment,
+)
 
 SUPERVISE = [sys.executable, "-m", "phalanx.worker.supervise"]
 
@@ -116,6 +129,18 @@ def test_pod_info_is_read_whole_or_not_at_all(info: Path) -> None:
     assert found is not None and (found.attempt, found.rendezvous_id) == ("0", "job-0")
     (info / ATTEMPT_FILE).unlink()
     assert read_pod_info(info) is None
+
+
+def test_a_spare_promoted_into_a_replica_group_runs_as_that_group_at_its_generation(info: Path) -> None:
+    (info / GROUP_GENERATION_FILE).write_text("2")
+    (info / WORKER_INDEX_FILE).write_text("4")
+    promoted = read_pod_info(info)
+    assert promoted is not None and promoted.group_generation == "2"
+    env = run_environment({GROUP_SIZE_ENV: "3", "PET_NNODES": "3"}, promoted)
+    assert (env[GROUP_ENV], env[GROUP_RANK_ENV], env[GROUP_GENERATION_ENV]) == ("1", "1", "2")  # slot 4 of groups of 3
+    assert env["PHALANX_WORKER_INDEX"] == "4"
+    plain = run_environment({}, PodInfo("0", "job-0", worker_index="4"))
+    assert not {GROUP_ENV, GROUP_RANK_ENV, GROUP_GENERATION_ENV} & set(plain)  # no groups: none of them
 
 
 SCRIPT = """

@@ -643,9 +643,9 @@ class TrainingJobSpec(ApiModel):
                     "restarts whole on any loss",
                 ),
                 cel(
-                    "!has(self.replicaGroups) || self.workers.spares == 0",
-                    field_path=".replicaGroups",
-                    message="replicaGroups does not take workers.spares yet: a failed group is recreated",
+                    "!has(self.replicaGroups) || !has(self.replicaGroups.topology) || self.workers.spares == 0",
+                    field_path=".replicaGroups.topology",
+                    message="does not take workers.spares yet: a spare waits outside the domain of the group it joins",
                 ),
                 cel(
                     "has(self.replicaGroups) == has(oldSelf.replicaGroups) && "

@@ -243,21 +243,22 @@ def worker_environment(
         }
     )
     groups = spec.replica_groups
-    if groups is not None and index is not None and launch.launcher == "torchrun":
+    if groups is not None and launch.launcher == "torchrun":
         # each replica group is a torchrun world of its own, new at each restart of the group alone
-        group = index // groups.size
         values["PET_NNODES"] = str(groups.size)
-        if not launch.supervised:
-            values["PET_RDZV_ID"] = naming.group_rendezvous_id(job_uid, attempt, group, group_generation)
-        values.update(
-            {
-                "PHALANX_REPLICA_GROUP": str(group),
-                "PHALANX_REPLICA_GROUP_SIZE": str(groups.size),
-                "PHALANX_REPLICA_GROUP_RANK": str(index % groups.size),
-                "PHALANX_REPLICA_GROUP_GENERATION": str(group_generation),
-                "PHALANX_REPLICA_GROUPS_MIN": str(groups.min),
-            }
-        )
+        values["PHALANX_REPLICA_GROUP_SIZE"] = str(groups.size)
+        values["PHALANX_REPLICA_GROUPS_MIN"] = str(groups.min)
+        if index is not None:  # a spare's supervisor gives its run these once it has a slot
+            group = index // groups.size
+            if not launch.supervised:
+                values["PET_RDZV_ID"] = naming.group_rendezvous_id(job_uid, attempt, group, group_generation)
+            values.update(
+                {
+                    "PHALANX_REPLICA_GROUP": str(group),
+                    "PHALANX_REPLICA_GROUP_RANK": str(index % groups.size),
+                    "PHALANX_REPLICA_GROUP_GENERATION": str(group_generation),
+                }
+            )
     if launch.supervised:
         # the attempt and its rendezvous id change in a running pod, and a spare's slot once: the
         # supervisor reads them from files and gives them to each run (PHALANX_ATTEMPT, PET_RDZV_ID,

@@ -179,21 +179,27 @@ class Context:
         return self.job.spec
 
     def keeps(self, pod: PodRecord, memory: Memory) -> bool:
-        """Whether a gang restart keeps this worker pod and restarts its processes in place (and
-        whether a spare may be promoted into a slot): the
-        job and the pod run the supervisor, the pod runs (its trainer container has not exited, it
-        is not being deleted or evicted, no failure of it was counted) on a node that is Ready and
-        that the job does not avoid."""
-        return self.still_keeps(pod, memory) and pod.node_name not in self.observed.unready_nodes
+        """Whether a gang restart keeps this worker pod and restarts its processes in place: the job
+        restarts in place (``in_place``) and the pod is ``fit`` to go on."""
+        return self.in_place and self.fit(pod, memory)
+
+    def fit(self, pod: PodRecord, memory: Memory) -> bool:
+        """Whether a pod may go on into a new world (kept through a gang restart, or a spare promoted
+        into a slot): it runs the supervisor (it has the pod-info files) and runs (its trainer container
+        has not exited, it is not being deleted or evicted, no failure of it was counted) on a node that
+        is Ready and that the job does not avoid."""
+        return self._runs(pod, memory) and pod.node_name not in self.observed.unready_nodes
 
     def still_keeps(self, pod: PodRecord, memory: Memory) -> bool:
         """Whether a pod a gang restart kept stays kept while it waits to be moved (the backoff, an
         old store stopping): as ``keeps``, but a node that is not Ready loses it only once it is
         taken for lost (``node_lost``), as for any pod of the attempt: a blip must not delete it."""
+        return self.in_place and self._runs(pod, memory)
+
+    def _runs(self, pod: PodRecord, memory: Memory) -> bool:
         node = pod.node_name
         return (
-            self.in_place
-            and pod.rendezvous_id is not None
+            pod.rendezvous_id is not None
             and pod.phase == "Running"
             and pod.active
             and pod.exit_code is None

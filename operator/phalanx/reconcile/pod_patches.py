@@ -92,15 +92,31 @@ def move(name: str, uid: str, from_attempt: int, to_attempt: int, rendezvous_id:
     return PodPatch(name, uid, to_attempt, operations)
 
 
-def promotion(name: str, uid: str, from_attempt: int, to_attempt: int, rendezvous_id: str, slot: int) -> PodPatch:
+def promotion(
+    name: str,
+    uid: str,
+    from_attempt: int,
+    to_attempt: int,
+    rendezvous_id: str,
+    slot: int,
+    group: tuple[int, int] | None = None,
+) -> PodPatch:
     """Promote a warm spare into ``slot`` of ``to_attempt``, only while it is still a spare: its role,
-    slot, attempt and rendezvous id change, and its supervisor starts the command."""
+    slot, attempt and rendezvous id change, and its supervisor starts the command. ``group``: the
+    replica group and generation the slot belongs to, labelled as on the group's own pods."""
     role = label(naming.ROLE_LABEL)
+    grouped: tuple[PatchOperation, ...] = ()
+    if group is not None:
+        grouped = (
+            PatchOperation("add", label(naming.REPLICA_GROUP_LABEL), str(group[0])),
+            PatchOperation("add", label(naming.GROUP_GENERATION_LABEL), str(group[1])),
+        )
     operations = (
         *_at_attempt(uid, from_attempt),
         PatchOperation("test", role, naming.ROLE_SPARE),
         PatchOperation("replace", role, naming.ROLE_WORKER),
         PatchOperation("add", label(naming.WORKER_INDEX_LABEL), str(slot)),
+        *grouped,
         *_to_attempt(to_attempt, rendezvous_id),
     )
     return PodPatch(name, uid, to_attempt, operations, promotes_slot=slot)

@@ -158,7 +158,7 @@ def reform_in_place(
     memory = replace(memory, attempt=memory.attempt + 1, restart_not_before=None)
     actions = context.removing(pod for pod, _ in failures) + moving(context, survivors, memory.attempt)
     for slot, spare in takers:
-        actions += spares.promoting(context, spare, slot, memory.attempt)
+        actions += spares.promoting(context, memory, spare, slot)
     how = f"{len(survivors)} worker(s) re-form the world in place as attempt {memory.attempt}"
     if takers:
         taken = ", ".join(f"{spare.name} takes slot {slot}" for slot, spare in takers)

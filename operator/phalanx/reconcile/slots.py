@@ -48,7 +48,7 @@ DUPLICATE_WORKER = "DuplicateWorker"
 
 def standing(context: Context, memory: Memory, current: Sequence[PodRecord]) -> tuple[SlotClaim, ...]:
     """The claims of the current attempt that still hold their slot: the claimed pod (that UID) is
-    the attempt's active worker in that slot, or a spare that could be promoted now (``keeps``) into
+    the attempt's active worker in that slot, or a spare that could be promoted now (``Context.fit``) into
     a slot below desired that no active worker of the attempt holds."""
     pods = {pod.uid: pod for pod in context.observed.pods if pod.uid}
     # a worker waiting for a node does not hold its slot against a claimed spare (``spares.promotions``)
@@ -63,7 +63,7 @@ def standing(context: Context, memory: Memory, current: Sequence[PodRecord]) -> 
             stands = holds and not memory.already_counted(pod)
         else:
             free = claim.index < context.spec.workers.desired and claim.index not in held
-            stands = pod.role == naming.ROLE_SPARE and free and context.keeps(pod, memory)
+            stands = pod.role == naming.ROLE_SPARE and free and context.fit(pod, memory)
         if stands:
             claims.append(claim)
     return tuple(claims)

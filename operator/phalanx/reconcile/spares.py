@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.reconcile import desired, naming, pod_patches, slots
+from phalanx.reconcile import desired, naming, pod_patches, replica_groups, slots
 from phalanx.reconcile.actions import NOTHING, Actions, event
 from phalanx.reconcile.environment import Launch
 from phalanx.reconcile.failures import Failure, classify
@@ -59,8 +59,8 @@ def serial(pod: PodRecord) -> int:
 
 def ready_spares(context: Context, memory: Memory) -> list[PodRecord]:
     """Spares that may take a slot now: running, healthy, on a Ready node the job does not avoid
-    (the pods a gang restart would keep, ``Context.keeps``), lowest serial first."""
-    return sorted((pod for pod in context.observed.spares() if context.keeps(pod, memory)), key=serial)
+    (``Context.fit``, as the pods a gang restart keeps), lowest serial first."""
+    return sorted((pod for pod in context.observed.spares() if context.fit(pod, memory)), key=serial)
 
 
 def empty_slots(memory: Memory, current: Sequence[PodRecord], wanted: int) -> list[int]:
@@ -81,12 +81,20 @@ def waiting_slots(memory: Memory, current: Sequence[PodRecord], wanted: int) -> 
     return [pod for pod in holders(memory, current) if pod.node_name is None and (pod.index or 0) < wanted]
 
 
-def promoting(context: Context, spare: PodRecord, index: int, attempt: int) -> Actions:
-    """Move ``spare`` into slot ``index`` of ``attempt``, and say so."""
-    rendezvous_id = naming.rendezvous_id(context.job.metadata.uid, attempt)
-    move = pod_patches.promotion(spare.name, spare.uid, spare.attempt or 0, attempt, rendezvous_id, index)
+def promoting(context: Context, memory: Memory, spare: PodRecord, index: int) -> Actions:
+    """Move ``spare`` into slot ``index`` of the current attempt, and say so. With replica groups it
+    joins the slot's group at the group's generation: that world's rendezvous id and labels."""
+    uid, attempt = context.job.metadata.uid, memory.attempt
+    group = replica_groups.group_of(context.spec, index)
+    if group is None:
+        rendezvous_id, joins, grouped = naming.rendezvous_id(uid, attempt), None, ""
+    else:
+        generation = replica_groups.generation(memory, group)
+        rendezvous_id = naming.group_rendezvous_id(uid, attempt, group, generation)
+        joins, grouped = (group, generation), f", replica group {group} generation {generation}"
+    move = pod_patches.promotion(spare.name, spare.uid, spare.attempt or 0, attempt, rendezvous_id, index, joins)
     return Actions(move=(move,)) + event(
-        "Normal", "SparePromoted", f"spare {spare.name} takes worker slot {index} (attempt {attempt})"
+        "Normal", "SparePromoted", f"spare {spare.name} takes worker slot {index} (attempt {attempt}{grouped})"
     )
 
 
@@ -120,7 +128,7 @@ def promotions(context: Context, memory: Memory, current: Sequence[PodRecord]) -
     unfilled: list[int] = []
     for index, spare in claimed.items():
         promoted.add(spare.name)
-        actions += promoting(context, spare, index, memory.attempt)
+        actions += promoting(context, memory, spare, index)
     for index in empty_slots(memory, current, wanted):
         if index in claimed:
             continue
@@ -129,7 +137,7 @@ def promotions(context: Context, memory: Memory, current: Sequence[PodRecord]) -
             continue
         spare = spares.pop(0)
         promoted.add(spare.name)
-        actions += promoting(context, spare, index, memory.attempt)
+        actions += promoting(context, memory, spare, index)
     still_waiting = 0
     for pod in sorted(waiting_slots(memory, current, wanted), key=lambda pod: pod.index or 0):
         if pod.index in claimed:  # its claimed spare's patch goes again above
@@ -140,7 +148,7 @@ def promotions(context: Context, memory: Memory, current: Sequence[PodRecord]) -
             continue
         spare = spares.pop(0)
         promoted.add(spare.name)
-        actions += promoting(context, spare, pod.index or 0, memory.attempt) + context.removing([pod])
+        actions += promoting(context, memory, spare, pod.index or 0) + context.removing([pod])
     placed = not unfilled and not still_waiting
     return Promotions(actions, frozenset(promoted), tuple(unfilled), placed)
 

@@ -18,6 +18,16 @@ SPARE_ROLE = "spare"
 WORKER_INDEX_FILE = "worker-index"
 """In that directory: the pod's worker slot (its ``phalanx.dev/worker-index`` label; empty on a
 spare), given to each run as ``PHALANX_WORKER_INDEX``."""
+GROUP_ENV = "PHALANX_REPLICA_GROUP"
+"""With replica groups: the worker's group (its slot // ``GROUP_SIZE_ENV``); the other three are its
+place in the group, the group's size and its generation (docs/replica-groups.md)."""
+GROUP_RANK_ENV = "PHALANX_REPLICA_GROUP_RANK"
+GROUP_SIZE_ENV = "PHALANX_REPLICA_GROUP_SIZE"
+GROUP_GENERATION_ENV = "PHALANX_REPLICA_GROUP_GENERATION"
+GROUP_GENERATION_FILE = "group-generation"
+"""In that directory, with replica groups: the pod's group generation (its
+``phalanx.dev/group-generation`` label; empty on a spare until it is promoted into a group's slot),
+given to each run as ``PHALANX_REPLICA_GROUP_GENERATION`` beside the group and rank its slot makes."""
 RANK_ADDRESS_FILE = "rank-address"
 """In that directory: the name the run's torchrun agent gives the rendezvous as its address (the
 ``phalanx.dev/rank-address`` annotation, empty until the operator sets it; it starts with ``a<attempt>-``).

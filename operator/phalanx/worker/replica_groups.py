@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
-GROUP_ENV = "PHALANX_REPLICA_GROUP"
+from phalanx.worker.protocol import GROUP_ENV
+
 MAX_GROUPS = 1024
 """Groups a quorum may name (workers.max is bounded below this)."""
 MAX_QUORUM_BYTES = 64 * 1024

@@ -51,6 +51,11 @@ from typing import Any
 
 from phalanx.worker.protocol import (
     ATTEMPT_FILE,
+    GROUP_ENV,
+    GROUP_GENERATION_ENV,
+    GROUP_GENERATION_FILE,
+    GROUP_RANK_ENV,
+    GROUP_SIZE_ENV,
     POD_INFO_DIR_ENV,
     RANK_ADDRESS_ENV,
     RANK_ADDRESS_FILE,
@@ -81,6 +86,7 @@ class PodInfo:
     role: str | None = None
     worker_index: str | None = None
     rank_address: str | None = None
+    group_generation: str | None = None
 
     @property
     def spare(self) -> bool:
@@ -105,6 +111,7 @@ def _read_once(directory: Path) -> PodInfo | None:
         role=_read(directory / ROLE_FILE),
         worker_index=_read(directory / WORKER_INDEX_FILE),
         rank_address=_read(directory / RANK_ADDRESS_FILE),
+        group_generation=_read(directory / GROUP_GENERATION_FILE),
     )
 
 
@@ -131,6 +138,13 @@ def run_environment(base: Mapping[str, str], info: PodInfo | None, rank_address:
             env["PET_RDZV_ID"] = info.rendezvous_id
         if info.worker_index is not None:
             env["PHALANX_WORKER_INDEX"] = info.worker_index
+            size = env.get(GROUP_SIZE_ENV, "")
+            if size.isdigit() and int(size) > 0 and info.worker_index.isdigit():
+                # replica groups: a promoted spare learns its group and place in it from its slot
+                env[GROUP_ENV] = str(int(info.worker_index) // int(size))
+                env[GROUP_RANK_ENV] = str(int(info.worker_index) % int(size))
+        if info.group_generation is not None:
+            env[GROUP_GENERATION_ENV] = info.group_generation
     if rank_address:
         env["PET_LOCAL_ADDR"] = rank_address
     return env

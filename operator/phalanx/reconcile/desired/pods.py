@@ -37,10 +37,11 @@ def ranks_follow_placement(job: api.TrainingJob, launch: Launch) -> bool:
     )
 
 
-def pod_info_volume() -> dict[str, Any]:
+def pod_info_volume(*, groups: bool = False) -> dict[str, Any]:
     """What phalanx-supervise reads: the pod's attempt, rendezvous id, role and slot, which the
     kubelet rewrites when the operator changes them (a pod kept through a gang restart, a spare
-    promoted into a slot). File names: ``phalanx.worker.protocol``."""
+    promoted into a slot), and with replica groups the group generation a spare is promoted into.
+    File names: ``phalanx.worker.protocol``."""
     fields = {
         "attempt": f"metadata.labels['{naming.ATTEMPT_LABEL}']",
         "rendezvous-id": f"metadata.annotations['{naming.RENDEZVOUS_ID_ANNOTATION}']",
@@ -48,6 +49,8 @@ def pod_info_volume() -> dict[str, Any]:
         "worker-index": f"metadata.labels['{naming.WORKER_INDEX_LABEL}']",
         "rank-address": f"metadata.annotations['{naming.RANK_ADDRESS_ANNOTATION}']",
     }
+    if groups:
+        fields["group-generation"] = f"metadata.labels['{naming.GROUP_GENERATION_LABEL}']"
     return {
         "name": naming.POD_INFO_VOLUME,
         "downwardAPI": {"items": [{"path": path, "fieldRef": {"fieldPath": ref}} for path, ref in fields.items()]},
@@ -311,7 +314,7 @@ def worker_pod(
                 f"no volume named {spec.checkpoint.volume_name!r} in spec.template.spec.volumes",
             )
     if launch.supervised:
-        volumes.append(pod_info_volume())
+        volumes.append(pod_info_volume(groups=spec.replica_groups is not None))
     if spec.checkpoint is not None:
         volumes.append(notices_volume())
     if not volumes:
@@ -429,6 +432,11 @@ def spares_refusal(spec: api.TrainingJobSpec, launch: Launch) -> str:
         )
     if launch.launcher != "torchrun":
         return f"spares need launcher torchrun (a {launch.launcher} world has fixed ranks that a spare cannot take)"
+    if spec.replica_groups is not None and spec.replica_groups.topology is not None:
+        return (
+            "spares are not available with replicaGroups.topology yet: a spare waits outside the domain "
+            "of the group it joins"
+        )
     if not launch.supervised:
         return (
             "spares need the trainer container's command to run phalanx-supervise "
