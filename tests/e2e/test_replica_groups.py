@@ -91,6 +91,8 @@ def timeline(kubectl: Kubectl, namespace: str, killed_at: float) -> str:
         moments = {
             "promoted": stamp_of(text, r"promoted into slot"),
             "process started": stamp_of(text, r"process started"),
+            "gloo": stamp_of(text, r"in its group's world"),
+            "store": stamp_of(text, r"connected to the job's store"),
             "in its world": stamp_of(text, r"starting at step="),
             "healed": stamp_of(text, r"healed at step="),
         }
@@ -128,7 +130,10 @@ def test_a_killed_group_of_three_comes_back_from_spares_healed_while_the_others_
     healed_at, healed_stamp = healed
     back_after = healed_stamp - killed_at
     kubectl.wait_for(
-        lambda: all(steps(logs(kubectl, namespace, pod))[-1][0] >= healed_at + 10 for pod in WORKERS),
+        lambda: all(
+            steps(logs(kubectl, namespace, pod))[-1][0] >= healed_at + 10
+            for pod in [*HEALTHY_PODS, *returned(kubectl, namespace)]
+        ),
         timeout=120,
         interval=1.0,
         what="every worker ten steps past the healing",
@@ -150,8 +155,9 @@ def test_a_killed_group_of_three_comes_back_from_spares_healed_while_the_others_
     # the whole group was replaced, not only the killed worker, and by the spares, not by new pods
     back = returned(kubectl, namespace)
     assert sorted(back) == SPARES, back
-    for pod in GROUP_PODS[KILLED_GROUP]:
-        assert uid(kubectl, namespace, pod) != before[pod], pod
+    for pod in GROUP_PODS[KILLED_GROUP]:  # gone, or stopping (its grace period)
+        old = kubectl.get("pod", pod, namespace)
+        assert old is None or old["metadata"].get("deletionTimestamp"), pod
 
     # the loss curve goes on: the healed group's losses from the heal step on are the peers' at
     # those steps, not the untrained model's

@@ -79,6 +79,7 @@ def train_in_groups(steps: int, log_every: int, step_seconds: float) -> int:
     grouped = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if grouped:
         dist.init_process_group("gloo")
+        print(f"phalanx-demo: group={os.environ['PHALANX_REPLICA_GROUP']} in its group's world (gloo)", flush=True)
     rank = dist.get_rank() if grouped else 0
     torch.manual_seed(0)  # every group starts from the same weights, as DDP's ranks do
     model: torch.nn.Module = torch.nn.Linear(4, 1)
@@ -87,6 +88,7 @@ def train_in_groups(steps: int, log_every: int, step_seconds: float) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     trainer = ReplicaGroupTrainer.from_env(model, optimizer)
     assert trainer is not None
+    print(f"phalanx-demo: group={group} rank={rank} connected to the job's store", flush=True)
     step = trainer.start()
     print(f"phalanx-demo: group={group} rank={rank} starting at step={step}", flush=True)
     true_weight = torch.tensor([[2.0, -3.0, 0.5, 1.0]])

@@ -261,8 +261,9 @@ def preload(launch: Launch, modules: Sequence[str]) -> None:
     if launch.kind == "torchrun":
         wanted.append(TORCHRUN_MODULE)
     if launch.kind != "program" and importlib.util.find_spec("torch") is not None:
-        # phalanx.worker's checkpoints: their first load or save would import it in every run
-        wanted.extend(["torch", "torch.distributed.checkpoint"])
+        # phalanx.worker's checkpoints: their first load or save would import it in every run; DDP's
+        # and FSDP's constructors import torch._dynamo (seconds on a busy node, measured 1.5-7 s)
+        wanted.extend(["torch", "torch.distributed.checkpoint", "torch._dynamo"])
     for module in wanted:
         importlib.import_module(module)
 
