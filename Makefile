@@ -103,12 +103,10 @@ e2e: torch binaries images
 # of that module). A new session is a new scheduler autogroup where the kernel has them (Debian's
 # does): nice counts only inside one, so the builder sets its whole group's nice to 19 too, or it
 # would take half the CPUs from the tests whatever its own nice.
-# The tests run in three pytest-xdist workers: the real node's modules in one, the modules with
-# clusters of their own, the KWOK tier's modules (each worker on a KWOK cluster of its own) and the
-# unit modules on whichever is free (tests/conftest.py's TierScheduling). The tests mostly wait on
-# their clusters: three workers keep two cores busier than two did. TEST_WORKERS=0 runs them in one
-# process, one after another.
-TEST_WORKERS ?= 3
+# The tests run in two pytest-xdist workers: the KWOK cluster's modules in one, the real node's in the
+# other, then the modules with clusters of their own and the unit modules on whichever is free
+# (tests/conftest.py's TierScheduling). TEST_WORKERS=0 runs them in one process, one after another.
+TEST_WORKERS ?= 2
 
 test:  ## everything CI runs: unit, integration (control plane + KWOK), e2e (real node)
 	$(MAKE) --no-print-directory --jobs=3 --output-sync=target lint typecheck first-binaries images

@@ -21,14 +21,12 @@ pytest_plugins = ["pytester"]
 
 CI_TIERS = ("integration", "e2e", "realnode", "chaos", "gang")
 
-# `make test` runs the suite in three pytest-xdist workers, its tests in these groups (xdist's scopes):
-# every module that runs the real node in one group (one kubelet per host: they never overlap), handed
-# out first, since it is the longest; then each module that brings a cluster of its own (the chaos
-# tier, the kind-path test), each module of the KWOK tier and each unit module on its own, to
-# whichever worker is free. A worker starts its own KWOK cluster (a session fixture) with its first
-# KWOK module, so the KWOK tier runs on two or three clusters side by side. Against a cluster named
-# by $KUBECONFIG (the kind path) the KWOK tier stays one group: one KWOK controller per cluster. Each
-# group mostly waits on its cluster, so two cores carry three.
+# `make test` runs the suite in two pytest-xdist workers, its tests in these groups (xdist's scopes):
+# every module on the session's shared KWOK cluster in one group; every module that runs the real
+# node in another (one kubelet per host: they never overlap); each module that brings a cluster of
+# its own (the chaos tier, the kind-path test) and each unit module on its own. One worker takes the
+# KWOK group, the other the real node's, then the rest go, in this order, to whichever is free. Each
+# group mostly waits on its cluster, so two cores carry both.
 KWOK_GROUP = "kwok-cluster"
 REAL_NODE_GROUP = "real-node"
 OWN_CLUSTER_MODULES = ("tests/chaos/", "tests/integration/test_attached_cluster.py")
@@ -39,22 +37,15 @@ def scope_of(nodeid: str) -> str:
     module = nodeid.split("::", 1)[0]
     if module.startswith(("tests/e2e/", "tests/integration/test_real_node")):
         return REAL_NODE_GROUP
-    if kwok_module(module) and os.environ.get("KUBECONFIG"):
+    if module.startswith("tests/integration/") and not module.startswith(OWN_CLUSTER_MODULES):
         return KWOK_GROUP
     return module
 
 
-def kwok_module(module: str) -> bool:
-    return module.startswith("tests/integration/") and not module.startswith(OWN_CLUSTER_MODULES)
-
-
 def group_rank(scope: str) -> int:
-    """Real node's, own clusters', KWOK modules, unit modules: the order xdist hands them out."""
-    if scope == REAL_NODE_GROUP:
-        return 0
-    if scope.startswith(OWN_CLUSTER_MODULES):
-        return 1
-    return 2 if scope == KWOK_GROUP or kwok_module(scope) else 3
+    """KWOK group, real node's, own clusters', unit modules: the order xdist hands them out."""
+    order = (KWOK_GROUP, REAL_NODE_GROUP)
+    return order.index(scope) if scope in order else 2 if scope.startswith(OWN_CLUSTER_MODULES) else 3
 
 
 class TierScheduling(LoadScopeScheduling):  # type: ignore[misc]
