@@ -11,7 +11,9 @@ in each configuration, one after the other on the same cluster:
 - ``InPlace``: the same under ``phalanx-supervise`` (in-place restarts);
 - ``Spare``: InPlace with ``workers.spares: 1`` (a warm spare takes a lost worker's slot);
 - ``Groups``: ``spec.replicaGroups`` of size 1, min 2: three groups of one worker, no checkpoint
-  (a returning group takes the weights from a peer).
+  (a returning group takes the weights from a peer);
+- ``GroupsSpare``: Groups under ``phalanx-supervise`` with ``workers.spares: 1`` (a warm spare
+  takes the restarted group's slot).
 
 Each configuration first trains failure-free for ``--warmup`` seconds (its failure-free step rate),
 then for ``--window`` seconds while failures arrive with exponential inter-arrival times of mean
@@ -71,7 +73,8 @@ from tests.e2e.test_training import elastic_job
 from tests.integration.operator_process import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGURATIONS = ("Recreate", "InPlace", "Spare", "Groups")
+CONFIGURATIONS = ("Recreate", "InPlace", "Spare", "Groups", "GroupsSpare")
+GROUPED = ("Groups", "GroupsSpare")
 FAILURES = ("worker-killed", "pod-deleted")
 WIDTH = 3  # workers (or groups of one) at full width
 
@@ -93,11 +96,14 @@ def bench_job(name: str, namespace: str, configuration: str) -> dict[str, Any]:
     pod["terminationGracePeriodSeconds"] = 5
     [trainer] = pod["containers"]
     steps = ["--steps", "1000000", "--step-seconds", "0.1", "--log-every", "1"]
-    if configuration == "Groups":
+    if configuration in GROUPED:
         spec.pop("checkpoint")  # a returning group heals from a peer, not from storage
         spec["workers"] = {"min": 1, "max": WIDTH, "desired": WIDTH}
         spec["replicaGroups"] = {"size": 1, "min": 2}
         trainer["args"] = ["-m", "phalanx.worker.demo", *steps]
+        if configuration == "GroupsSpare":
+            trainer["command"] = ["phalanx-supervise", "--", "torchrun"]
+            spec["workers"]["spares"] = 1
         return job
     trainer["args"] = ["-m", "phalanx.worker.demo", *steps, "--checkpoint-every", "10"]
     if configuration in ("InPlace", "Spare"):
@@ -382,7 +388,7 @@ def analyse(
 
 def run_configuration(kubectl: Kubectl, namespace: str, configuration: str, args: argparse.Namespace) -> dict[str, Any]:
     name = f"goodput-{configuration.lower()}-{uuid.uuid4().hex[:4]}"
-    grouped = configuration == "Groups"
+    grouped = configuration in GROUPED
     kubectl.create(bench_job(name, namespace, configuration), namespace=namespace)
     failures: list[Failure] = []
     skipped = 0
