@@ -413,3 +413,25 @@ def test_a_restarted_group_is_filled_from_warm_spares_which_join_it_at_its_new_g
     assert all(after[worker(index)] == before[worker(index)] for index in (0, 1, 2, 6, 7, 8))
     assert not any(worker(index) in world.pods for index in (3, 4, 5))  # no new pod: the spares hold the slots
     assert len(world.spares()) == 3 and not set(spares) & {pod["metadata"]["name"] for pod in world.spares()}
+
+
+def test_a_group_restart_cut_short_after_its_status_write_promotes_the_same_spares_once() -> None:
+    containers = [{"name": "trainer", "image": "example/train:1", "command": ["phalanx-supervise", "--", "torchrun"]}]
+    spec = {**GROUPS, "workers": {**GROUPS["workers"], "spares": 3}, "template": {"spec": {"containers": containers}}}
+    world = running(World(job(**spec)))
+    world.settle()
+    world.run()
+    world.reconcile()
+    world.terminate(worker(4), 1, message="RuntimeError: boom")
+    world.carry_out(world.plan(), stop_after_status=True)  # SIGKILL right after the status write
+    assert world.status["replicaGroups"][1]["generation"] == 1 and world.status["restarts"] == 1
+    world.reconcile()
+    world.reconcile()
+    world.settle()
+    world.run()
+    world.settle()
+    assert world.status["restarts"] == 1 and world.status["replicaGroups"][1]["generation"] == 1  # counted once
+    held = [pod for pod in world.workers() if pod["metadata"]["labels"].get(naming.REPLICA_GROUP_LABEL) == "1"]
+    assert sorted(pod["metadata"]["labels"][naming.WORKER_INDEX_LABEL] for pod in held) == ["3", "4", "5"]
+    assert all(pod["metadata"]["labels"][naming.GROUP_GENERATION_LABEL] == "1" for pod in held)
+    assert {pod["metadata"]["name"] for pod in held} == {f"demo-spare-{n}" for n in range(3)}
