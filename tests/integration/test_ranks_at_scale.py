@@ -106,7 +106,9 @@ def test_a_job_of_4096_workers_gets_its_rank_addresses_in_slices_of_a_thousand(
         kubectl.create(wide_job(namespace, node, pool), namespace=namespace)
         names = [naming.ranks_slice_name(JOB, shard) for shard in range(desired.ranks_shard(MAX_WORKERS - 1) + 1)]
         assert names == [f"{JOB}-ranks", f"{JOB}-ranks-1", f"{JOB}-ranks-2", f"{JOB}-ranks-3", f"{JOB}-ranks-4"]
-        slices = wait_slices(kubectl, namespace, names, MAX_WORKERS, timeout=300)
+        # bounds for liveness, not speed (benchmarks measure that): 138 s on a quiet machine, over
+        # 300 s in a CI run on two loaded cores (3,225 of 4,096 then, still converging steadily)
+        slices = wait_slices(kubectl, namespace, names, MAX_WORKERS, timeout=600)
         placed = time.monotonic() - started
         assert all(len(hosts) <= desired.ENDPOINTS_PER_SLICE for hosts in slices.values())
         # by slot: slice k holds slots 1000k to 1000k+999
@@ -119,7 +121,7 @@ def test_a_job_of_4096_workers_gets_its_rank_addresses_in_slices_of_a_thousand(
             given = rank_addresses(kubectl, namespace)
             return given if len(given) == MAX_WORKERS and all(given.values()) else {}
 
-        given = kubectl.wait_for(addressed, timeout=120, interval=2.0, what="every worker's rank address")
+        given = kubectl.wait_for(addressed, timeout=300, interval=2.0, what="every worker's rank address")
         assert {address.split(".")[0] for address in given.values()} == hosts
         print(f"{MAX_WORKERS} workers placed and named in {len(names)} slices after {placed:.0f}s")
 
@@ -128,7 +130,7 @@ def test_a_job_of_4096_workers_gets_its_rank_addresses_in_slices_of_a_thousand(
             "patch", "tj", JOB, f"--namespace={namespace}", "--type=merge",
             f"--patch={json.dumps({'spec': {'workers': {'desired': SHRUNK}}})}",
         )  # fmt: skip
-        shrunk = wait_slices(kubectl, namespace, names[:3], SHRUNK, timeout=180)
+        shrunk = wait_slices(kubectl, namespace, names[:3], SHRUNK, timeout=300)
         assert all(len(hosts) == 1000 for hosts in shrunk.values()), {n: len(h) for n, h in shrunk.items()}
         print(f"shrunk to {SHRUNK} workers in slices {sorted(shrunk)} after {time.monotonic() - started:.0f}s")
         operator.check_alive()

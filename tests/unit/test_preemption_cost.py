@@ -66,7 +66,7 @@ def test_boost_levels_rise_with_the_cost_and_stay_small() -> None:
 
 
 def test_a_training_job_publishes_what_an_eviction_would_lose_since_it_began_training() -> None:
-    world = running_world(gpus={"count": 4}, workers={"min": 2, "max": 2, "desired": 2})
+    world = kueue_world(gpus={"count": 4}, workers={"min": 2, "max": 2, "desired": 2})
     began = world.now
     world.advance(30)
     world.reconcile()
@@ -97,7 +97,7 @@ def test_the_restart_time_is_measured_as_the_stretch_that_led_into_training() ->
 
 
 def test_a_checkpoint_resets_the_lost_time_and_an_older_one_does_not() -> None:
-    world = running_world()
+    world = kueue_world()
     began = world.now
     world.advance(100)
     world.status["lastCheckpoint"] = {"step": 10, "time": format_time(began - timedelta(seconds=50))}
@@ -110,7 +110,7 @@ def test_a_checkpoint_resets_the_lost_time_and_an_older_one_does_not() -> None:
 
 
 def test_the_cost_is_written_at_most_once_per_ten_seconds_as_progress() -> None:
-    world = running_world()
+    world = kueue_world()
     world.advance(30)
     world.reconcile()
     first = dict(world.status["preemptionCost"])
@@ -138,6 +138,23 @@ def test_a_reporting_job_writes_its_cost_with_its_progress_on_one_clock() -> Non
     assert world.version - before <= 5  # as progress alone: one write per 10 s, not two
     progress_time = world.status["progress"]["samples"][-1]["time"]
     assert world.status["preemptionCost"]["time"] == progress_time  # the cost rode the progress write
+
+
+def test_outside_kueue_a_job_that_reports_nothing_is_never_written_for_its_cost_alone() -> None:
+    """No scheduler acts on such a job's cost: refreshing it alone every 10 s would be a status
+    write per job per 10 s for nothing. A write made for another reason carries the fresh value."""
+    world = running_world()
+    began = world.now
+    assert world.status["preemptionCost"]["lostSeconds"] == 0  # written on entering training
+    before = world.version
+    for _ in range(6):
+        world.advance(WRITE_SECONDS)
+        assert "preemptionCost" not in world.reconcile().status
+    assert world.version == before
+    world.body["spec"]["workers"]["desired"] = 4  # a rescale: status is written anyway
+    rescaled = world.reconcile()
+    assert rescaled.status["preemptionCost"]["lostSeconds"] == 60
+    assert world.status["preemptionCost"]["time"] == sample_time(began + timedelta(seconds=60))
 
 
 def test_a_job_that_stops_training_drops_its_cost() -> None:
@@ -206,8 +223,9 @@ def test_the_boost_patch_changes_nothing_on_another_workload_or_a_changed_value(
         json_patch.apply(workload("3"), patch.body())  # someone else set it since
 
 
-def kueue_world() -> World:
-    world = World(job(gang=KUEUE))
+def kueue_world(**spec: Any) -> World:
+    """A Running job under Kueue, where the cost acts (the boost) and so is refreshed on its own."""
+    world = World(job(gang=KUEUE, **spec))
     world.workload = QueuedWorkload(name=naming.kueue_group_name("demo", 0), admitted=True, uid="wl-1")
     world.settle()
     world.run()
@@ -260,7 +278,7 @@ def test_a_boost_already_on_the_workload_is_recorded_without_a_patch() -> None:
         }
     )
     there = QueuedWorkload(name="demo-a0", admitted=True, uid="wl-1", boost_text="1", annotated=True)
-    _, cost, patch, _ = preemption_cost(
+    update = preemption_cost(
         status,
         "Running",
         workers=1,
@@ -270,7 +288,7 @@ def test_a_boost_already_on_the_workload_is_recorded_without_a_patch() -> None:
         progress_time=None,
         now=START + timedelta(seconds=100),
     )
-    assert patch is None and cost is not None and cost["boost"] == 1
+    assert update.boost is None and update.value is not None and update.value["boost"] == 1
 
 
 def test_after_a_gang_restart_the_restart_time_is_the_whole_recovery() -> None:

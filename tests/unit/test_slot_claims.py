@@ -20,6 +20,7 @@ from phalanx.cluster.login import Credentials
 from phalanx.cluster.refusals import RefusalMemory
 from phalanx.cluster.status_pacing import StatusPacer
 from phalanx.reconcile import naming, pod_patches
+from phalanx.reconcile.actions import Deletion
 from phalanx.reconcile.plan import Plan
 from phalanx.reconcile.slots import DUPLICATE_WORKER
 from phalanx.reconcile.status import format_time
@@ -134,6 +135,7 @@ class JobStore:
         app = web.Application()
         app.router.add_patch(JOB_PATH, self.patch_status)
         app.router.add_patch("/api/v1/namespaces/ml/pods/{name}", self.patch_pod)
+        app.router.add_delete("/api/v1/namespaces/ml/pods/{name}", self.delete_pod)
         self.app = app
 
     def job(self, version: int) -> dict[str, Any]:
@@ -154,6 +156,10 @@ class JobStore:
         self.requests.append(f"patch {request.match_info['name']}")
         metadata = {"name": request.match_info["name"], "namespace": "ml", "uid": "spare-uid", "resourceVersion": "9"}
         return web.json_response({"apiVersion": "v1", "kind": "Pod", "metadata": metadata})
+
+    async def delete_pod(self, request: web.Request) -> web.Response:
+        self.requests.append(f"delete {request.match_info['name']}")
+        return web.json_response({"kind": "Status", "status": "Success"})
 
 
 CLAIMED = {"index": 3, "pod": "demo-spare-1", "uid": "spare-uid", "attempt": 2}
@@ -188,6 +194,18 @@ async def test_a_promotion_whose_status_only_reports_progress_is_not_held_back_b
     plan = Plan(move=(PROMOTION,), status={**STATUS, "message": "4 worker(s) training", "slotClaims": [CLAIMED]})
     await execute(plan, run, job=backend.job(backend.version), now=START)
     assert backend.requests == ["status at 7", "patch demo-spare-1"]
+
+
+async def test_the_pod_leaving_a_slot_is_deleted_before_a_spare_is_moved_into_it(
+    store: tuple[JobStore, Execution],
+) -> None:
+    """A spare takes the slot of a worker still waiting for a node: that worker's deletion goes
+    first, so the two never hold the slot together (under a slow API server, or a SIGKILL between)."""
+    backend, run = store
+    waiting = Deletion("Pod", "demo-worker-3")
+    plan = Plan(move=(PROMOTION,), delete=(waiting,), status={**STATUS, "slotClaims": [CLAIMED]})
+    await execute(plan, run, job=backend.job(backend.version), now=START)
+    assert backend.requests == ["status at 7", "delete demo-worker-3", "patch demo-spare-1"]
 
 
 def test_of_two_pods_in_one_slot_the_one_bound_to_a_node_stays_though_the_other_is_older() -> None:

@@ -15,11 +15,14 @@ The writes go in this order, which matters for crash safety:
    they drifted (a pod never: pods are not changed in place);
    then the Kueue Workload's priority boost (``reconcile.preemption_cost``), a JSON patch that
    tests the Workload's UID and the annotation's old value, never held back by pacing;
-4. pod patches (``reconcile.pod_patches``), in parallel: the pods an in-place gang restart keeps
+4. pod deletions, in parallel: a pod leaving a slot goes before a spare is promoted into it, so
+   two pods never hold one slot, not for the latency of a request nor until the next pass after a
+   SIGKILL between the two (the status write already claimed the slot for the spare);
+5. pod patches (``reconcile.pod_patches``), in parallel: the pods an in-place gang restart keeps
    moved to the new attempt and spares promoted into slots; then, once the objects exist (the rank
    names resolve), rank addresses given to the workers, and a save-now token carried onto running
-   workers (``reconcile.save_now``; the status write before it recorded the token);
-5. deletions, in parallel: pods and the children no worker needs any more;
+   workers (``reconcile.save_now``; the status write before it recorded the token); then the
+   other deletions, in parallel: the children no worker needs any more;
 6. Events handed to the ``EventRecorder``, which posts them after the requests that create and
    fix things;
 7. the TrainingJob itself, deleted when its ``ttlSecondsAfterFinished`` has passed.
@@ -250,11 +253,6 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
         if response is not None:
             run.children.observe("MODIFIED", response)
 
-    await asyncio.gather(*(patch(pod) for pod in plan.move))
-    # after the objects: the rank names resolve (the EndpointSlices) before a supervisor reads them
-    await asyncio.gather(*(patch(pod) for pod in plan.address))
-    await asyncio.gather(*(patch(pod) for pod in plan.notices))  # a save-now token, after status took it
-
     async def remove(deletion: Deletion) -> None:
         if deletion.kind == "Pod":
             pod = pods.get(deletion.name)
@@ -275,7 +273,14 @@ async def execute(plan: Plan, run: Execution, *, job: Mapping[str, Any], now: da
         if deletion.kind == "Pod" and found is not None:
             run.children.mark_deleting(namespace, uid, deletion.name)
 
-    await asyncio.gather(*(remove(deletion) for deletion in plan.delete))
+    # pods before the moves (step 4 above): a spare never shares a slot with the pod it replaces
+    pod_deletions = [deletion for deletion in plan.delete if deletion.kind == "Pod"]
+    await asyncio.gather(*(remove(deletion) for deletion in pod_deletions))
+    await asyncio.gather(*(patch(pod) for pod in plan.move))
+    # after the objects: the rank names resolve (the EndpointSlices) before a supervisor reads them
+    await asyncio.gather(*(patch(pod) for pod in plan.address))
+    await asyncio.gather(*(patch(pod) for pod in plan.notices))  # a save-now token, after status took it
+    await asyncio.gather(*(remove(deletion) for deletion in plan.delete if deletion.kind != "Pod"))
     for event in plan.events:
         run.events.record(job, event, now)
     if plan.delete_job:

@@ -154,7 +154,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     )
     if progress is not None:  # None: the one there stands (a merge patch keeps it)
         status["progress"] = progress
-    cost_changed, cost, boost, cost_due = preemption_cost(
+    cost = preemption_cost(
         previous,
         view.phase,
         workers=len(still_active),
@@ -164,8 +164,6 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         progress_time=last_progress_write(previous),
         now=now,
     )
-    if cost_changed:  # else the one there stands (a merge patch keeps it); None removes it
-        status["preemptionCost"] = cost
     if decision.restart_mode is not None:
         status["restartMode"] = decision.restart_mode
     status["startTime"] = format_optional_time(memory.start_time)
@@ -182,7 +180,11 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         {"node": entry.node, "reason": entry.reason, "message": entry.message, "until": format_time(entry.until)}
         for entry in memory.avoided
     ] or None
-    due = [wait for wait in (progress_due, cost_due) if wait is not None]
+    # else the one there stands (a merge patch keeps it); None removes it. A refresh that acts on
+    # nothing rides a write made anyway: a steady job that reports nothing is not written for it
+    if cost.write and not (cost.rides and not status_changed(previous, status)):
+        status["preemptionCost"] = cost.value
+    due = [wait for wait in (progress_due, cost.due) if wait is not None]
     requeue = [*decision.actions.requeue, *due]
     return Plan(
         apply=decision.apply,
@@ -195,7 +197,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         requeue_after=min(requeue) if requeue else None,
         delete_job=decision.delete_job,
         rescaled=decision.rescaled,
-        boost=boost,
+        boost=cost.boost,
     )
 
 

@@ -16,10 +16,12 @@ pass decided, the workers still active and ``now``.
   workers); a job without GPUs is weighed by its workers (``workerSeconds``).
 
 Written at most once per ``WRITE_SECONDS`` and on ``status.progress``'s clock: a pass that writes
-progress carries the cost with it, and the cost has a pass of its own only when neither field was
-written for ``WRITE_SECONDS`` (a job whose workers report nothing, or stopped reporting). So a
-reporting job writes status no more often than its progress alone would. Only while the job trains
-(a job that does not train loses nothing to an eviction, and the field is removed).
+progress carries the cost with it, so a reporting job writes status no more often than its progress
+alone would. A write for the cost alone is sent only where it acts: under Kueue (the boost follows
+it) when neither field was written for ``WRITE_SECONDS``. Elsewhere a job that reports nothing has
+its cost refreshed only by a status write made for another reason (``CostUpdate.rides``); its
+``time`` says as of when. Only while the job trains (a job that does not train loses nothing to an
+eviction, and the field is removed).
 
 Under Kueue the cost sets the Workload's ``kueue.x-k8s.io/priority-boost`` annotation (Kueue
 v0.17's alpha ``PriorityBoost`` gate): effective priority = priority + boost orders preemption
@@ -142,6 +144,23 @@ def boost_patch(workload: QueuedWorkload, boost: int) -> WorkloadBoost:
     return WorkloadBoost(workload.name, workload.uid, boost, workload.boost_text, workload.annotated)
 
 
+@dataclass(frozen=True)
+class CostUpdate:
+    """What a pass does with ``status.preemptionCost``."""
+
+    write: bool
+    """Whether the pass writes the field (``value``; None removes it)."""
+    value: dict[str, Any] | None = None
+    boost: WorkloadBoost | None = None
+    """The Workload patch to send after the status write (None: none)."""
+    due: float | None = None
+    """Seconds until the field is due again (None: no wish to come back; only a job under Kueue
+    asks, as its boost must follow the cost)."""
+    rides: bool = False
+    """A refresh that acts on nothing (no Kueue, no progress written): written only with a status
+    write this pass makes anyway, never alone."""
+
+
 def preemption_cost(
     previous: api.TrainingJobStatus,
     phase: api.Phase,
@@ -152,23 +171,22 @@ def preemption_cost(
     progress_written: bool,
     progress_time: datetime | None,
     now: datetime,
-) -> tuple[bool, dict[str, Any] | None, WorkloadBoost | None, float | None]:
-    """Whether to write ``status.preemptionCost``, the value (None removes it), the Workload patch
-    to send (None: none), and the seconds until the field is due again (None: no wish to come back;
-    only a job under Kueue asks, as its boost must follow the cost).
+) -> CostUpdate:
+    """What to do with ``status.preemptionCost`` in this pass.
 
     ``progress_written``: this pass writes ``status.progress`` (the cost rides along);
     ``progress_time``: when progress was last written (the shared clock), None if never."""
     before = previous.preemption_cost
     if phase not in TRAINING:
-        return before is not None, None, None, None
+        return CostUpdate(write=before is not None)
     written = parse_time(before.time) if before is not None and before.time else None
     if progress_time is not None and (written is None or progress_time > written):
         written = progress_time
-    if before is not None and written is not None and previous.phase in TRAINING and not progress_written:
+    refresh = before is not None and previous.phase in TRAINING and not progress_written
+    if refresh and written is not None:
         due = written + timedelta(seconds=WRITE_SECONDS)
         if now < due:
-            return False, None, None, (due - now).total_seconds() if workload is not None else None
+            return CostUpdate(write=False, due=(due - now).total_seconds() if workload is not None else None)
     cost = current_cost(previous, phase, workers=workers, gpus_per_worker=gpus_per_worker, now=now)
     patch = None
     if workload is not None and workload.uid:
@@ -183,4 +201,10 @@ def preemption_cost(
     body = cost.model_dump(by_alias=True, exclude_none=True)
     if before is not None:  # a merge patch: fields the new value lacks are removed by null
         body = {**dict.fromkeys(before.model_dump(by_alias=True, exclude_none=True)), **body}
-    return True, body, patch, (WRITE_SECONDS if workload is not None else None)
+    return CostUpdate(
+        write=True,
+        value=body,
+        boost=patch,
+        due=WRITE_SECONDS if workload is not None else None,
+        rides=refresh and workload is None,
+    )
