@@ -583,6 +583,12 @@ def test_the_preemption_cost_is_shown_while_the_job_has_one() -> None:
     del cpu["boost"]
     job = {**JOB, "status": {**JOB["status"], "preemptionCost": cpu}}
     assert fields(render(job))["Preemption Cost"] == "190 worker-seconds (150s since the checkpoint + 40s to restart)"
+    # outside Kueue a job that reports no progress is not written for its cost alone: say as of when
+    dated = {**cpu, "time": "2026-03-01T11:57:00.250Z"}
+    job = {**JOB, "status": {**JOB["status"], "preemptionCost": dated}}
+    assert fields(render(job))["Preemption Cost"] == (
+        "190 worker-seconds (150s since the checkpoint + 40s to restart), as of 2m59s ago"
+    )
 
 
 def grouped_worker(index: int, generation: int, *, ready: bool = True) -> dict[str, Any]:

@@ -73,8 +73,9 @@ def restart_budget(restarts: int, max_restarts: int) -> str:
     return f"{restarts} of {max_restarts} allowed ({verdict})"
 
 
-def preemption_cost(status: Mapping[str, Any]) -> list[str]:
-    """What an eviction now would lose (only while the job trains and the field is there)."""
+def preemption_cost(status: Mapping[str, Any], now: datetime) -> list[str]:
+    """What an eviction would lose, as of when it was written (outside Kueue a job that reports no
+    progress is not written for its cost alone); only while the job trains and the field is there."""
     cost = status.get("preemptionCost")
     if not isinstance(cost, Mapping):
         return []
@@ -83,7 +84,8 @@ def preemption_cost(status: Mapping[str, Any]) -> list[str]:
     )
     parts = f"{cost.get('lostSeconds')}s since the checkpoint + {cost.get('restartSeconds')}s to restart"
     boost = f", Kueue boost {cost['boost']}" if cost.get("boost") is not None else ""
-    return [field("Preemption Cost", f"{weight} ({parts}){boost}")]
+    written = f", as of {age(cost['time'], now)} ago" if cost.get("time") else ""
+    return [field("Preemption Cost", f"{weight} ({parts}){boost}{written}")]
 
 
 def save_now(status: Mapping[str, Any]) -> list[str]:
@@ -484,7 +486,7 @@ def describe(
         lines.append(field("Last Checkpoint", f"step {checkpoint.get('step')} at {_time_and_age(stamp, now)}"))
     else:
         lines.append(field("Last Checkpoint", NONE))
-    lines += preemption_cost(status)
+    lines += preemption_cost(status, now)
     lines += save_now(status)
     lines += progress(status, now)
     lines.append(field("Started", _time_and_age(status.get("startTime"), now)))
