@@ -20,7 +20,13 @@ from phalanx.cluster.login import Credentials
 from phalanx.cluster.refusals import RefusalMemory
 from phalanx.cluster.status_pacing import StatusPacer
 from phalanx.reconcile import naming
-from phalanx.reconcile.observed import BOOST_ANNOTATION, QueuedWorkload, ReportedProgress, queued_workload
+from phalanx.reconcile.observed import (
+    BOOST_ANNOTATION,
+    QueuedWorkload,
+    ReportedProgress,
+    WorkerProgress,
+    queued_workload,
+)
 from phalanx.reconcile.plan import Plan, progress_only
 from phalanx.reconcile.preemption_cost import (
     BOOST_HOLD_SECONDS,
@@ -107,6 +113,24 @@ def test_a_checkpoint_resets_the_lost_time_and_an_older_one_does_not() -> None:
     world.advance(WRITE_SECONDS)
     world.reconcile()
     assert world.status["preemptionCost"]["lostSeconds"] == 14
+
+
+def test_a_new_checkpoint_lowers_the_cost_at_once_not_on_the_next_tick() -> None:
+    """Under Kueue the job that just saved must be the cheapest candidate now: a checkpoint this pass
+    records makes the cost due, computed from it, and the boost falls with it (once its minute is up)."""
+    world = kueue_world(gpus={"count": 8})
+    world.advance(BOOST_HOLD_SECONDS)
+    world.reconcile()
+    assert world.status["preemptionCost"]["boost"] == 2  # 60 s x 3 workers x 8 GPUs: 1,440 GPU-seconds
+    world.workload = QueuedWorkload(name="demo-a0", admitted=True, uid="wl-1", boost_text="2", annotated=True)
+    world.advance(BOOST_HOLD_SECONDS)
+    world.reconcile()
+    world.advance(1)  # a second after the last write: the clock would hold the cost for 9 s more
+    world.progress = WorkerProgress(attempt=0, checkpoint_step=40, checkpoint_time=world.now)
+    saved = world.reconcile()
+    assert saved.status["lastCheckpoint"]["step"] == 40
+    assert saved.status["preemptionCost"]["lostSeconds"] == 0
+    assert saved.boost is not None and saved.boost.boost == 0
 
 
 def test_the_cost_is_written_at_most_once_per_ten_seconds_as_progress() -> None:

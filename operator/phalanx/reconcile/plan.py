@@ -163,6 +163,7 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
         progress_written=progress is not None,
         progress_time=last_progress_write(previous),
         now=now,
+        checkpoint=newest if checkpoint is not None else None,
     )
     if decision.restart_mode is not None:
         status["restartMode"] = decision.restart_mode

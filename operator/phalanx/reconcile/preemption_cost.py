@@ -20,7 +20,8 @@ progress carries the cost with it, so a reporting job writes status no more ofte
 alone would. A write for the cost alone is sent only where it acts: under Kueue (the boost follows
 it) when neither field was written for ``WRITE_SECONDS``. Elsewhere a job that reports nothing has
 its cost refreshed only by a status write made for another reason (``CostUpdate.rides``); its
-``time`` says as of when. Only while the job trains (a job that does not train loses nothing to an
+``time`` says as of when. A newer checkpoint lowers the cost at once, in the pass that records it.
+Only while the job trains (a job that does not train loses nothing to an
 eviction, and the field is removed).
 
 Under Kueue the cost sets the Workload's ``kueue.x-k8s.io/priority-boost`` annotation (Kueue
@@ -87,12 +88,20 @@ def training_since(previous: api.TrainingJobStatus, now: datetime) -> datetime:
 
 
 def current_cost(
-    previous: api.TrainingJobStatus, phase: api.Phase, *, workers: int, gpus_per_worker: int, now: datetime
+    previous: api.TrainingJobStatus,
+    phase: api.Phase,
+    *,
+    workers: int,
+    gpus_per_worker: int,
+    now: datetime,
+    checkpoint: api.LastCheckpoint | None = None,
 ) -> api.PreemptionCost:
-    """The cost as of ``now`` (boost fields carried over from the previous value)."""
+    """The cost as of ``now`` (boost fields carried over from the previous value); ``checkpoint``:
+    a newer one than ``previous.last_checkpoint``, recorded by this pass."""
     began = training_since(previous, now)
-    checkpoint = parse_time(previous.last_checkpoint.time) if previous.last_checkpoint is not None else None
-    lost = _seconds(now, max(began, checkpoint) if checkpoint is not None else began)
+    last = checkpoint or previous.last_checkpoint
+    saved = parse_time(last.time) if last is not None else None
+    lost = _seconds(now, max(began, saved) if saved is not None else began)
     restart = restart_seconds(previous, phase, now)
     gpus = gpus_per_worker * workers
     before = previous.preemption_cost
@@ -171,23 +180,28 @@ def preemption_cost(
     progress_written: bool,
     progress_time: datetime | None,
     now: datetime,
+    checkpoint: api.LastCheckpoint | None = None,
 ) -> CostUpdate:
     """What to do with ``status.preemptionCost`` in this pass.
 
     ``progress_written``: this pass writes ``status.progress`` (the cost rides along);
-    ``progress_time``: when progress was last written (the shared clock), None if never."""
+    ``progress_time``: when progress was last written (the shared clock), None if never;
+    ``checkpoint``: a newer checkpoint this pass records: the cost falls now, not on the next
+    tick of the clock (under Kueue the job that just saved must be the first candidate at once)."""
     before = previous.preemption_cost
     if phase not in TRAINING:
         return CostUpdate(write=before is not None)
     written = parse_time(before.time) if before is not None and before.time else None
     if progress_time is not None and (written is None or progress_time > written):
         written = progress_time
-    refresh = before is not None and previous.phase in TRAINING and not progress_written
+    refresh = before is not None and previous.phase in TRAINING and not progress_written and checkpoint is None
     if refresh and written is not None:
         due = written + timedelta(seconds=WRITE_SECONDS)
         if now < due:
             return CostUpdate(write=False, due=(due - now).total_seconds() if workload is not None else None)
-    cost = current_cost(previous, phase, workers=workers, gpus_per_worker=gpus_per_worker, now=now)
+    cost = current_cost(
+        previous, phase, workers=workers, gpus_per_worker=gpus_per_worker, now=now, checkpoint=checkpoint
+    )
     patch = None
     if workload is not None and workload.uid:
         wanted = boost_for(weight(cost))
