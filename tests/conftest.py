@@ -108,3 +108,42 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     reason = reason.removeprefix("Skipped: ")
     report.outcome = "failed"
     report.longrepr = f"skipped in CI ({reason}); a tier that skips here hides a missing install step"
+
+
+class GroupTimes:
+    """Seconds each xdist group spent in its tests (setup, call and teardown) and when, in minutes
+    from the first test, it began and ended, summed where the reports arrive (the controller under
+    xdist): where the suite's wall time goes, said at its end."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.tests: dict[str, set[str]] = {}
+        self.span: dict[str, tuple[float, float]] = {}
+
+    @staticmethod
+    def group(nodeid: str) -> str:
+        scope = scope_of(nodeid)
+        return "unit" if scope.startswith("tests/unit/") else scope
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        group = self.group(report.nodeid)
+        self.seconds[group] = self.seconds.get(group, 0.0) + report.duration
+        self.tests.setdefault(group, set()).add(report.nodeid)
+        began, ended = self.span.get(group, (report.start, report.stop))
+        self.span[group] = (min(began, report.start), max(ended, report.stop))
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if not self.seconds:
+            return
+        terminalreporter.section("seconds by group (setup + call + teardown), minutes from the first test")
+        first = min(began for began, _ in self.span.values())
+        for group, seconds in sorted(self.seconds.items(), key=lambda pair: -pair[1]):
+            began, ended = ((moment - first) / 60 for moment in self.span[group])
+            line = f"{seconds:8.1f}s  {len(self.tests[group]):5d} tests  {began:5.1f}-{ended:5.1f} min  {group}"
+            terminalreporter.write_line(line)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) sums the reports
+        config.pluginmanager.register(GroupTimes(), "phalanx-group-times")
