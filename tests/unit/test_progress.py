@@ -15,6 +15,7 @@ from phalanx.cluster.progress import ProgressError, ProgressPoller, parse_comple
 from phalanx.reconcile.observed import Completion, PodRecord, WorkerProgress
 from phalanx.reconcile.plan import status_changed
 from phalanx.worker.metrics import WorkerMetrics
+from phalanx.worker.protocol import save_now_key
 from tests.cluster.ports import free_port
 from tests.unit.jobs import job
 from tests.unit.simulation import START, World
@@ -37,6 +38,19 @@ def test_world_size_and_the_last_checkpoint_are_read_from_a_workers_metrics() ->
     progress = parse_progress(generate_latest(served(6, 120).registry).decode(), attempt=2)
     assert (progress.attempt, progress.world_size, progress.checkpoint_step) == (2, 6, 120)
     assert progress.checkpoint_time is not None and progress.checkpoint_time >= before
+    assert progress.checkpoint_save_now is None  # a periodic save answers no token
+
+
+def test_the_save_now_token_a_checkpoint_answered_is_read_exactly() -> None:
+    metrics = WorkerMetrics()
+    metrics.checkpoint_committed(130, save_now_key("2026-12-07T03:00:23Z"))
+    progress = parse_progress(generate_latest(metrics.registry).decode(), attempt=0)
+    assert (progress.checkpoint_step, progress.checkpoint_save_now) == (130, save_now_key("2026-12-07T03:00:23Z"))
+    garbage = "phalanx_worker_last_checkpoint_step 5\nphalanx_worker_last_checkpoint_timestamp_seconds 1800000000\n"
+    for value in ("-1", "NaN", "1e300", "0"):
+        text = garbage + f"phalanx_worker_last_checkpoint_save_now {value}\n"
+        read = parse_progress(text, attempt=0)
+        assert (read.checkpoint_step, read.checkpoint_save_now) == (5, None), value
 
 
 GARBAGE = [

@@ -4,6 +4,7 @@ by the first checkpoint committed after the request; the notices file the worker
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -11,10 +12,11 @@ from phalanx.api.v1alpha1 import TrainingJob
 from phalanx.cluster.cache import KEPT_METADATA_VALUE, JobCache
 from phalanx.reconcile import desired, naming, pod_patches
 from phalanx.reconcile.environment import resolve_launch
-from phalanx.reconcile.observed import pod_record
+from phalanx.reconcile.observed import WorkerProgress, pod_record
 from phalanx.reconcile.plan import progress_only
 from phalanx.reconcile.save_now import requested_token
 from phalanx.reconcile.status import format_time
+from phalanx.worker.protocol import save_now_key
 from tests.unit import json_patch
 from tests.unit.jobs import job
 from tests.unit.simulation import World
@@ -91,6 +93,23 @@ def test_only_a_checkpoint_committed_after_the_request_and_past_its_step_answers
     # a new worker (a replacement) is not given an answered token
     world.pods["demo-worker-2"]["metadata"]["annotations"].pop(naming.SAVE_NOW_ANNOTATION)
     assert world.reconcile().notices == ()
+
+
+def test_a_save_in_the_requests_own_second_is_answered_by_the_token_its_workers_name() -> None:
+    """The kubelet can rewrite the notices file at once and the workers save within the second:
+    committed "after" the request cannot be told in whole seconds (nor across two clocks), so the
+    workers' word (``phalanx_worker_last_checkpoint_save_now``) answers it; another key does not."""
+    world = running_world()
+    checkpoint(world, 40, seconds_ago=30)
+    request(world, "t1")
+    world.reconcile()
+    saved = world.now + timedelta(milliseconds=600)  # the same second as the request
+    world.progress = WorkerProgress(attempt=0, checkpoint_step=41, checkpoint_time=saved, checkpoint_save_now=7)
+    world.reconcile()  # a key that is not t1's: the same second does not answer it
+    assert "savedToken" not in world.status["saveNow"]
+    world.progress = replace(world.progress, checkpoint_save_now=save_now_key("t1"))
+    world.reconcile()
+    assert (world.status["saveNow"]["savedToken"], world.status["saveNow"]["step"]) == ("t1", 41)
 
 
 def test_a_new_token_is_taken_while_the_last_answer_stays_until_its_own() -> None:

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from phalanx.worker.session import SAVE_NOW_CHECK_SECONDS, SaveNowNotice, token_key
+from phalanx.worker.protocol import save_now_key
+from phalanx.worker.session import SAVE_NOW_CHECK_SECONDS, SaveNowNotice
 from tests.cluster.ports import free_port
 
 OPERATOR = Path(__file__).resolve().parents[2] / "operator"
@@ -44,7 +45,7 @@ def test_the_file_is_read_at_most_once_a_second_and_bounded(tmp_path: Path) -> N
 
 
 def test_token_keys_are_positive_distinct_and_fit_the_all_reduce() -> None:
-    keys = {token_key(f"2026-12-01T10:00:{second:02d}Z") for second in range(60)}
+    keys = {save_now_key(f"2026-12-01T10:00:{second:02d}Z") for second in range(60)}
     assert len(keys) == 60 and all(0 < key < 2**48 for key in keys)
 
 
@@ -105,7 +106,7 @@ def test_one_rank_reading_a_token_makes_the_world_save_once_and_train_on(
     wait_until("the save for t1", lambda: saves(log))
     [first] = saves(log)
     marker = json.loads((tmp_path / "ckpt" / f"step-{first:08d}" / "COMMITTED").read_text())
-    assert marker["step"] == first and marker["saveNow"] == token_key("t1")
+    assert marker["step"] == first and marker["saveNow"] == save_now_key("t1")
 
     (tmp_path / "save-now-0").write_text("t1")  # rank 0's file catches up: already handled
     after = max(steps(log))

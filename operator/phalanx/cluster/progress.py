@@ -57,6 +57,7 @@ from phalanx.reconcile.environment import WORKER_METRICS_PORT
 from phalanx.reconcile.observed import Completion, PodRecord, ReportedMetric, ReportedProgress, WorkerProgress
 from phalanx.reconcile.status import TRAINING
 from phalanx.reconcile.stragglers import RankStepTime, Straggler, StragglerPolicy, StragglerWatch, observe
+from phalanx.worker.protocol import CHECKPOINT_SAVE_NOW_METRIC
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ RESUMED_STEP = "phalanx_worker_resumed_step"
 RUN_START = "phalanx_worker_run_start_timestamp_seconds"
 CHECKPOINT_STEP = "phalanx_worker_last_checkpoint_step"
 CHECKPOINT_TIME = "phalanx_worker_last_checkpoint_timestamp_seconds"
+CHECKPOINT_SAVE_NOW = CHECKPOINT_SAVE_NOW_METRIC
 COMPLETED = ("phalanx_training_completed_attempt", "phalanx_training_completed_step", "phalanx_training_completed_rank")
 PROGRESS = "phalanx_training_progress_"
 PROGRESS_SERIES = tuple(
@@ -141,7 +143,9 @@ def _count(value: float | None, *, minimum: int = 0) -> int | None:
 
 def parse_progress(text: str, attempt: int) -> WorkerProgress:
     """Read the world size and the last checkpoint out of a worker's /metrics text."""
-    values = _samples(text, (WORLD_SIZE, CHECKPOINT_STEP, CHECKPOINT_TIME, STEPS, STEP, RESUMED_STEP, RUN_START))
+    values = _samples(
+        text, (WORLD_SIZE, CHECKPOINT_STEP, CHECKPOINT_TIME, CHECKPOINT_SAVE_NOW, STEPS, STEP, RESUMED_STEP, RUN_START)
+    )
     world = _count(_value(values, WORLD_SIZE), minimum=1)
     steps = _count(_value(values, STEPS))
     run = _time(_value(values, RUN_START))
@@ -155,7 +159,8 @@ def parse_progress(text: str, attempt: int) -> WorkerProgress:
     step = _count(_value(values, CHECKPOINT_STEP))
     if committed is None or step is None:
         return progress
-    return replace(progress, checkpoint_step=step, checkpoint_time=committed)
+    answered = _count(_value(values, CHECKPOINT_SAVE_NOW), minimum=1)  # 0 (none) or garbage: None
+    return replace(progress, checkpoint_step=step, checkpoint_time=committed, checkpoint_save_now=answered)
 
 
 def _time(value: float | None) -> datetime | None:

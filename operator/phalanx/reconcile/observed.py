@@ -132,6 +132,8 @@ class WorkerProgress:
     world_size: int | None = None
     checkpoint_step: int | None = None
     checkpoint_time: datetime | None = None
+    checkpoint_save_now: int | None = None
+    """``protocol.save_now_key`` of the save-now token that checkpoint answered (None: none)."""
     step: int | None = None
     """The training step the reporter last completed (``phalanx_worker_step``)."""
     resumed_step: int | None = None

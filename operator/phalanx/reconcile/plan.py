@@ -143,7 +143,11 @@ def render(job: api.TrainingJob, observed: Observed, now: datetime, decision: De
     if checkpoint is not None:
         status["lastCheckpoint"] = checkpoint
     newest = api.LastCheckpoint.model_validate(checkpoint) if checkpoint is not None else previous.last_checkpoint
-    request, notices = save_now(job, previous, newest, observed.pods, attempt=memory.attempt, phase=view.phase, now=now)
+    reported = observed.progress  # what its workers say the newest checkpoint answers, when it is theirs
+    answers = reported.checkpoint_save_now if reported and newest and reported.checkpoint_step == newest.step else None
+    request, notices = save_now(
+        job, previous, newest, observed.pods, attempt=memory.attempt, phase=view.phase, now=now, answers=answers
+    )
     if request is not None:  # else the one there stands (a merge patch keeps it)
         status["saveNow"] = request
     savings = notice_savings(previous, memory, observed.progress, gpus_per_worker=job.spec.gpus.count, now=now)

@@ -13,9 +13,11 @@ the newest checkpoint the workers reported and the job's worker pods.
   the spec). The workers read it from a downward-API file (``desired.pods``: mounted on the pods of
   a job with spec.checkpoint) that the kubelet rewrites, and save together (``worker.session``).
 - It is answered by the first checkpoint the workers report (``status.lastCheckpoint``) that is
-  past ``afterStep`` and was committed after the request (strictly: times are whole seconds, and a
-  checkpoint of the same second might predate it): ``savedToken``, ``savedAt``, ``step``. Any such
-  checkpoint answers it, a periodic one too: it holds every step up to the request.
+  past ``afterStep`` and that they say answers the token (``protocol.CHECKPOINT_SAVE_NOW_METRIC``:
+  no clock compared, so a save in the request's own second counts) or that was committed after the
+  request (strictly: times are whole seconds, and a checkpoint of the same second might predate
+  it): ``savedToken``, ``savedAt``, ``step``. Any such checkpoint answers it, a periodic one too: it
+  holds every step up to the request.
 - A value that is not a token (``observed.SAVE_NOW_TOKEN``) is ignored with a message that names
   the annotation; so is any token of a job without spec.checkpoint, whose workers have nowhere to save.
 """
@@ -31,6 +33,7 @@ from phalanx.reconcile import naming, pod_patches
 from phalanx.reconcile.observed import SAVE_NOW_TOKEN, PodRecord
 from phalanx.reconcile.pod_patches import PodPatch
 from phalanx.reconcile.status import TRAINING, format_time, parse_time
+from phalanx.worker.protocol import save_now_key
 
 FIELD = f"metadata.annotations['{naming.SAVE_NOW_ANNOTATION}']"
 
@@ -48,12 +51,15 @@ def requested_token(job: api.TrainingJob) -> tuple[str | None, str | None]:
     return value, None
 
 
-def answered(request: api.SaveNow, checkpoint: api.LastCheckpoint | None) -> bool:
-    """Whether ``checkpoint`` answers the pending request."""
-    if checkpoint is None or request.requested_at is None:
+def answered(request: api.SaveNow, checkpoint: api.LastCheckpoint | None, answers: int | None = None) -> bool:
+    """Whether ``checkpoint`` answers the pending request: its workers say it answers the token
+    (``answers``, the key of the token they saved for), or it was committed after the request."""
+    if checkpoint is None or request.requested_at is None or request.token is None:
         return False
-    committed, requested = parse_time(checkpoint.time), parse_time(request.requested_at)
     past = request.after_step is None or checkpoint.step > request.after_step
+    if past and answers is not None and answers == save_now_key(request.token):
+        return True  # no clock compared: a save in the request's own second counts
+    committed, requested = parse_time(checkpoint.time), parse_time(request.requested_at)
     return past and committed is not None and requested is not None and committed > requested
 
 
@@ -66,9 +72,11 @@ def save_now(
     attempt: int,
     phase: api.Phase,
     now: datetime,
+    answers: int | None = None,
 ) -> tuple[dict[str, Any] | None, tuple[PodPatch, ...]]:
     """The next ``status.saveNow`` (None: the one there stands) and the pod patches that carry a
-    pending token. ``checkpoint``: the newest checkpoint, as this pass writes it."""
+    pending token. ``checkpoint``: the newest checkpoint, as this pass writes it; ``answers``: the
+    key of the save-now token its workers say it answers (``WorkerProgress.checkpoint_save_now``)."""
     before = previous.save_now
     token, message = requested_token(job)
     request = before or api.SaveNow()
@@ -78,7 +86,7 @@ def save_now(
             update={"token": token, "requested_at": format_time(now), "after_step": last.step if last else None}
         )
     request = request.model_copy(update={"message": message})
-    if request.token is not None and request.saved_token != request.token and answered(request, checkpoint):
+    if request.token is not None and request.saved_token != request.token and answered(request, checkpoint, answers):
         assert checkpoint is not None
         request = request.model_copy(
             update={"saved_token": request.token, "saved_at": checkpoint.time, "step": checkpoint.step}

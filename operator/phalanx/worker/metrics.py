@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from phalanx.worker.protocol import CHECKPOINT_SAVE_NOW_METRIC
+
 
 class GpuCollector(Collector):
     """Per-GPU utilisation and memory read from NVML at scrape time."""
@@ -89,6 +91,11 @@ class WorkerMetrics:
             "Unix time the last checkpoint was committed (0: none yet).",
             registry=self.registry,
         )
+        self.last_checkpoint_save_now = Gauge(
+            CHECKPOINT_SAVE_NOW_METRIC,
+            "Key of the save-now token the last checkpoint answered (0: none).",
+            registry=self.registry,
+        )
         if nvml is not None:
             self.registry.register(GpuCollector(nvml))
         self._last: float | None = None
@@ -112,9 +119,13 @@ class WorkerMetrics:
                 self.samples_per_second.set(samples / elapsed)
         self._last = now
 
-    def checkpoint_committed(self, step: int) -> None:
+    def checkpoint_committed(self, step: int, save_now: int = 0) -> None:
+        """A checkpoint of ``step`` was committed; ``save_now``: the key of the save-now token it
+        answers (``protocol.save_now_key``; 0: none)."""
         self.last_checkpoint.set(step)
         self.last_checkpoint_time.set_to_current_time()
+        # last: a scrape in between pairs the new step with an older key, which answers nothing
+        self.last_checkpoint_save_now.set(save_now)
 
     def serve(self, port: int) -> None:
         self._server, _ = start_http_server(port, registry=self.registry)

@@ -1,5 +1,7 @@
 """What the in-pod helper and the operator agree on, with no dependencies on either side."""
 
+import hashlib
+
 COMPLETION_KEY = "phalanx/training-completed"
 """Rendezvous-store key a rank sets when training completed: JSON with job (the UID in
 ``PHALANX_JOB_UID``), attempt, step and rank. The store pod serves it to the operator as
@@ -54,6 +56,18 @@ asks the world to save at the next step boundary (``TrainingSession``)."""
 SAVE_NOW_MAX_BYTES = 64
 """A token is at most 63 characters (the operator carries only such tokens); a longer file is a
 value a tenant wrote onto the pod and is ignored."""
+CHECKPOINT_SAVE_NOW_METRIC = "phalanx_worker_last_checkpoint_save_now"
+"""Gauge on a worker's /metrics: ``save_now_key`` of the token its last checkpoint answered (0:
+none). The operator answers a save-now request by it, with no clock compared (a save can land in
+the very second of the request, and the pod's clock is not the operator's)."""
+
+
+def save_now_key(token: str) -> int:
+    """A save-now token as a positive integer below 2**48 that every rank and the operator compute
+    alike: the all-reduce that agrees on saving carries numbers, not text, and a float64 metric
+    holds it exactly."""
+    return int.from_bytes(hashlib.sha256(token.encode()).digest()[:6], "big") | 1
+
 
 STEP_TIME_KEY = "phalanx/step-time/"
 """Rendezvous-store key prefix under which every rank keeps its recent step time (``<prefix><rank>``):

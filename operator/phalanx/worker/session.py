@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import faulthandler
 import gc
-import hashlib
 import json
 import os
 import signal
@@ -43,7 +42,7 @@ from typing import Any
 from phalanx.worker import metrics, progress, rendezvous_store
 from phalanx.worker.backend import choose_backend
 from phalanx.worker.checkpoint import CheckpointStore
-from phalanx.worker.protocol import COMPLETION_KEY, SAVE_NOW_FILE_ENV, SAVE_NOW_MAX_BYTES
+from phalanx.worker.protocol import COMPLETION_KEY, SAVE_NOW_FILE_ENV, SAVE_NOW_MAX_BYTES, save_now_key
 
 STOPPED_BY_SIGNAL = 143
 STORE_TIMEOUT = timedelta(seconds=10)
@@ -54,12 +53,6 @@ SAVE_NOW_CHECK_SECONDS = 1.0
 """A rank reads its save-now file at most this often (a step boundary may come every millisecond)."""
 HANDLED_TOKENS = 16
 """Save-now tokens a rank remembers as handled (a rank's file may show an older one for a while)."""
-
-
-def token_key(token: str) -> int:
-    """A token as a positive integer below 2**48 that every rank computes alike: the all-reduce
-    that agrees on saving carries numbers, not text."""
-    return int.from_bytes(hashlib.sha256(token.encode()).digest()[:6], "big") | 1
 
 
 class SaveNowNotice:
@@ -214,7 +207,7 @@ class TrainingSession:
         import torch.distributed as dist
 
         token = self.notice.token()
-        key = token_key(token) if token is not None else 0
+        key = save_now_key(token) if token is not None else 0
         flags = torch.tensor([1 if self._signalled else 0, 0 if key in self._handled else key], dtype=torch.int64)
         if self.backend == "nccl":
             flags = flags.cuda()
@@ -251,7 +244,7 @@ class TrainingSession:
             self.store.save(state, self.progress.step, extra)
             self._last_saved = self.progress.step
             if self.metrics is not None:
-                self.metrics.checkpoint_committed(self.progress.step)
+                self.metrics.checkpoint_committed(self.progress.step, save_now or 0)
 
     def steps(self, total: int, state: dict[str, Any], *, samples_per_step: int = 0) -> Iterator[int]:
         """Yield step numbers from the resumed step to ``total``, saving and stopping as agreed."""
