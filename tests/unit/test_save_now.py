@@ -16,7 +16,6 @@ from phalanx.reconcile.observed import WorkerProgress, pod_record
 from phalanx.reconcile.plan import progress_only
 from phalanx.reconcile.save_now import requested_token
 from phalanx.reconcile.status import format_time
-from phalanx.worker.protocol import save_now_key
 from tests.unit import json_patch
 from tests.unit.jobs import job
 from tests.unit.simulation import World
@@ -107,7 +106,7 @@ def test_a_save_in_the_requests_own_second_is_answered_by_the_token_its_workers_
     world.progress = WorkerProgress(attempt=0, checkpoint_step=41, checkpoint_time=saved, checkpoint_save_now=7)
     world.reconcile()  # a key that is not t1's: the same second does not answer it
     assert "savedToken" not in world.status["saveNow"]
-    world.progress = replace(world.progress, checkpoint_save_now=save_now_key("t1"))
+    world.progress = replace(world.progress, checkpoint_save_now=naming.save_now_key("t1"))
     world.reconcile()
     assert (world.status["saveNow"]["savedToken"], world.status["saveNow"]["step"]) == ("t1", 41)
 

@@ -75,6 +75,13 @@ def test_completion_key_is_one_wire_contract_on_both_sides() -> None:
     assert naming.COMPLETION_KEY == protocol.COMPLETION_KEY
 
 
+def test_the_save_now_key_a_checkpoint_answered_is_one_wire_contract_on_both_sides() -> None:
+    """The operator answers status.saveNow by the key a worker's metric gives: both compute it alike."""
+    assert naming.CHECKPOINT_SAVE_NOW_METRIC == protocol.CHECKPOINT_SAVE_NOW_METRIC
+    for token in ("t-1", "2026-12-07T03:00:23Z", "x" * 63):
+        assert naming.save_now_key(token) == protocol.save_now_key(token)
+
+
 def test_the_supervisor_reads_the_files_and_directory_the_operator_mounts() -> None:
     from phalanx.reconcile import desired, environment, naming
 

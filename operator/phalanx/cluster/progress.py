@@ -57,7 +57,6 @@ from phalanx.reconcile.environment import WORKER_METRICS_PORT
 from phalanx.reconcile.observed import Completion, PodRecord, ReportedMetric, ReportedProgress, WorkerProgress
 from phalanx.reconcile.status import TRAINING
 from phalanx.reconcile.stragglers import RankStepTime, Straggler, StragglerPolicy, StragglerWatch, observe
-from phalanx.worker.protocol import CHECKPOINT_SAVE_NOW_METRIC
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ RESUMED_STEP = "phalanx_worker_resumed_step"
 RUN_START = "phalanx_worker_run_start_timestamp_seconds"
 CHECKPOINT_STEP = "phalanx_worker_last_checkpoint_step"
 CHECKPOINT_TIME = "phalanx_worker_last_checkpoint_timestamp_seconds"
-CHECKPOINT_SAVE_NOW = CHECKPOINT_SAVE_NOW_METRIC
+CHECKPOINT_SAVE_NOW = naming.CHECKPOINT_SAVE_NOW_METRIC
 COMPLETED = ("phalanx_training_completed_attempt", "phalanx_training_completed_step", "phalanx_training_completed_rank")
 PROGRESS = "phalanx_training_progress_"
 PROGRESS_SERIES = tuple(

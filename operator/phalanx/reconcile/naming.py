@@ -7,6 +7,7 @@ objects by label and would adopt or prune our pods.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 from phalanx.api import v1alpha1 as api
@@ -154,6 +155,17 @@ COMPLETION_KEY = "phalanx/training-completed"
 """Rendezvous-store key a rank sets when training completed: JSON with attempt, step and rank. The
 store pod serves it as ``phalanx_training_completed_*``. A wire contract with phalanx.worker (its
 ``protocol.COMPLETION_KEY``), which ships in a distribution of its own."""
+
+
+CHECKPOINT_SAVE_NOW_METRIC = "phalanx_worker_last_checkpoint_save_now"
+"""Gauge on a worker's /metrics: ``save_now_key`` of the save-now token its last checkpoint
+answered (0: none); ``reconcile.save_now`` answers a request by it. A wire contract with
+phalanx.worker (``protocol.CHECKPOINT_SAVE_NOW_METRIC`` and ``protocol.save_now_key``)."""
+
+
+def save_now_key(token: str) -> int:
+    """A save-now token as the positive integer below 2**48 the workers compute for it."""
+    return int.from_bytes(hashlib.sha256(token.encode()).digest()[:6], "big") | 1
 
 
 PROGRESS_KEY = "phalanx/training-progress"

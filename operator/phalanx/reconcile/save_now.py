@@ -13,7 +13,7 @@ the newest checkpoint the workers reported and the job's worker pods.
   the spec). The workers read it from a downward-API file (``desired.pods``: mounted on the pods of
   a job with spec.checkpoint) that the kubelet rewrites, and save together (``worker.session``).
 - It is answered by the first checkpoint the workers report (``status.lastCheckpoint``) that is
-  past ``afterStep`` and that they say answers the token (``protocol.CHECKPOINT_SAVE_NOW_METRIC``:
+  past ``afterStep`` and that they say answers the token (``naming.CHECKPOINT_SAVE_NOW_METRIC``:
   no clock compared, so a save in the request's own second counts) or that was committed after the
   request (strictly: times are whole seconds, and a checkpoint of the same second might predate
   it): ``savedToken``, ``savedAt``, ``step``. Any such checkpoint answers it, a periodic one too: it
@@ -33,7 +33,6 @@ from phalanx.reconcile import naming, pod_patches
 from phalanx.reconcile.observed import SAVE_NOW_TOKEN, PodRecord
 from phalanx.reconcile.pod_patches import PodPatch
 from phalanx.reconcile.status import TRAINING, format_time, parse_time
-from phalanx.worker.protocol import save_now_key
 
 FIELD = f"metadata.annotations['{naming.SAVE_NOW_ANNOTATION}']"
 
@@ -57,7 +56,7 @@ def answered(request: api.SaveNow, checkpoint: api.LastCheckpoint | None, answer
     if checkpoint is None or request.requested_at is None or request.token is None:
         return False
     past = request.after_step is None or checkpoint.step > request.after_step
-    if past and answers is not None and answers == save_now_key(request.token):
+    if past and answers is not None and answers == naming.save_now_key(request.token):
         return True  # no clock compared: a save in the request's own second counts
     committed, requested = parse_time(checkpoint.time), parse_time(request.requested_at)
     return past and committed is not None and requested is not None and committed > requested
