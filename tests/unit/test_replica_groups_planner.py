@@ -364,13 +364,19 @@ def test_any_sequence_of_failures_keeps_groups_whole_and_counts_monotonic(events
     assert all(group["ready"] for group in status["replicaGroups"]), status["replicaGroups"]
 
 
-def test_a_restarted_group_is_filled_from_warm_spares_which_join_it_at_its_new_generation() -> None:
+def supervised_with_three_spares() -> World:
+    """Three groups of three under phalanx-supervise, training, with three warm spares ready."""
     containers = [{"name": "trainer", "image": "example/train:1", "command": ["phalanx-supervise", "--", "torchrun"]}]
     spec = {**GROUPS, "workers": {**GROUPS["workers"], "spares": 3}, "template": {"spec": {"containers": containers}}}
     world = running(World(job(**spec)))
     world.settle()
     world.run()
     world.reconcile()
+    return world
+
+
+def test_a_restarted_group_is_filled_from_warm_spares_which_join_it_at_its_new_generation() -> None:
+    world = supervised_with_three_spares()
     spares = {pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in world.spares()}
     assert len(spares) == 3
     assert {env_of(pod)["PET_NNODES"] for pod in world.spares()} == {"3"}  # every group's world size
@@ -416,12 +422,7 @@ def test_a_restarted_group_is_filled_from_warm_spares_which_join_it_at_its_new_g
 
 
 def test_a_group_restart_cut_short_after_its_status_write_promotes_the_same_spares_once() -> None:
-    containers = [{"name": "trainer", "image": "example/train:1", "command": ["phalanx-supervise", "--", "torchrun"]}]
-    spec = {**GROUPS, "workers": {**GROUPS["workers"], "spares": 3}, "template": {"spec": {"containers": containers}}}
-    world = running(World(job(**spec)))
-    world.settle()
-    world.run()
-    world.reconcile()
+    world = supervised_with_three_spares()
     world.terminate(worker(4), 1, message="RuntimeError: boom")
     world.carry_out(world.plan(), stop_after_status=True)  # SIGKILL right after the status write
     assert world.status["replicaGroups"][1]["generation"] == 1 and world.status["restarts"] == 1
